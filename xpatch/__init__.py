@@ -1,0 +1,50 @@
+"""xpatch: lazy patch views of xarray objects and exact weighted overlap-add.
+
+``import xpatch`` registers the ``.patch`` accessor on DataArray and Dataset.
+
+Examples
+--------
+>>> import numpy as np, xarray as xr, xpatch
+>>> da = xr.DataArray(np.random.default_rng(0).random((3, 64, 64)), dims=("band", "y", "x"))
+>>> p = da.patch(y=32, x=32, stride=24, window="hann")
+>>> len(p)
+9
+>>> bool(np.allclose(p.reconstruct(p.patches()), da))
+True
+"""
+
+from importlib.metadata import PackageNotFoundError, version
+
+from xpatch import accessor as _accessor  # noqa: F401  (registers .patch)
+from xpatch.core.errors import (
+    DimensionError,
+    GeometryError,
+    OptionError,
+    PredictionError,
+    UncoveredCellsWarning,
+    XPatchError,
+)
+from xpatch.core.samplers import Anchors, AtLabels, JitteredGrid, RandomAnchors, RegularGrid
+from xpatch.xarray import Patcher, patch
+
+try:
+    __version__ = version("xarray-patch")
+except PackageNotFoundError:  # pragma: no cover - running from a source tree
+    __version__ = "0+unknown"
+
+__all__ = [
+    "Anchors",
+    "AtLabels",
+    "DimensionError",
+    "GeometryError",
+    "JitteredGrid",
+    "OptionError",
+    "Patcher",
+    "PredictionError",
+    "RandomAnchors",
+    "RegularGrid",
+    "UncoveredCellsWarning",
+    "XPatchError",
+    "__version__",
+    "patch",
+]

@@ -1,0 +1,73 @@
+"""The ``.patch`` accessor on :class:`xarray.DataArray` and :class:`xarray.Dataset`.
+
+Thin and stateless: calling it builds a :class:`~xpatch.Patcher`; its methods
+build one and forward to it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping
+from typing import Any
+
+import xarray as xr
+
+from xpatch.core.geometry import Boundary
+from xpatch.core.samplers import AtLabels, Sampler
+from xpatch.core.windows import WindowSpec
+from xpatch.xarray import Patcher
+
+
+@xr.register_dataarray_accessor("patch")
+@xr.register_dataset_accessor("patch")
+class PatchAccessor:
+    """``obj.patch(...)``: lay out patches; ``obj.patch.anchors(...)`` and co. forward.
+
+    Examples
+    --------
+    >>> import numpy as np, xarray as xr, xpatch
+    >>> da = xr.DataArray(np.zeros((64, 64)), dims=("y", "x"))
+    >>> len(da.patch(y=32, x=32, stride=16))
+    9
+    >>> da.patch.anchors(y=32, x=32).shape
+    (4, 2)
+    """
+
+    def __init__(self, xarray_obj: xr.DataArray | xr.Dataset) -> None:
+        self._obj = xarray_obj
+
+    def __call__(
+        self,
+        size: Mapping[Hashable, int] | None = None,
+        stride: int | Mapping[Hashable, int] | None = None,
+        *,
+        boundary: Boundary = "shift",
+        window: WindowSpec | Mapping[Hashable, WindowSpec] = "boxcar",
+        sampler: Sampler | AtLabels | None = None,
+        min_valid: float | None = None,
+        pad_value: Any = None,
+        **size_kwargs: int,
+    ) -> Patcher:
+        """Build a :class:`~xpatch.Patcher`; see it for the parameters."""
+        return Patcher(
+            self._obj,
+            size,
+            stride,
+            boundary=boundary,
+            window=window,
+            sampler=sampler,
+            min_valid=min_valid,
+            pad_value=pad_value,
+            **size_kwargs,
+        )
+
+    def anchors(self, size=None, stride=None, **options: Any) -> xr.DataArray:
+        """``obj.patch(size, stride, **options).anchors()``."""
+        return self(size, stride, **options).anchors()
+
+    def patches(self, size=None, stride=None, **options: Any) -> xr.DataArray | xr.Dataset:
+        """``obj.patch(size, stride, **options).patches()``."""
+        return self(size, stride, **options).patches()
+
+    def weights(self, size=None, stride=None, **options: Any) -> xr.DataArray:
+        """``obj.patch(size, stride, **options).weights()``."""
+        return self(size, stride, **options).weights()

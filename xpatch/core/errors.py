@@ -1,0 +1,29 @@
+"""Exceptions and warnings raised by xpatch.
+
+Every error is a :class:`ValueError` subclass, so ``except ValueError`` keeps
+working, and every message names the argument, the value given and the fix.
+"""
+
+
+class XPatchError(ValueError):
+    """Base class of every error xpatch raises on bad input."""
+
+
+class DimensionError(XPatchError):
+    """A dimension named by the caller is unknown, repeated or missing."""
+
+
+class GeometryError(XPatchError):
+    """Patch size, stride, boundary or anchors do not fit the array."""
+
+
+class OptionError(XPatchError):
+    """An option (window, boundary, reduction, sampler) is unknown or invalid."""
+
+
+class PredictionError(XPatchError):
+    """Predictions handed to ``reconstruct`` do not match the patch layout."""
+
+
+class UncoveredCellsWarning(UserWarning):
+    """Some cells of the array are covered by no patch and reconstruct to NaN."""

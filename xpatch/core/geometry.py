@@ -1,0 +1,274 @@
+"""Patch geometry: sizes, strides and boundary handling -> anchors.
+
+An *anchor* is the start index of a patch along each patched axis. Everything in
+this module works on plain integers and numpy arrays, so a grid of a million
+patches costs a few milliseconds.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+import numpy as np
+
+from xpatch.core.errors import GeometryError, OptionError
+
+Boundary = Literal["shift", "pad", "drop", "raise"]
+BOUNDARIES: tuple[str, ...] = get_args(Boundary)
+
+
+def as_positive_int(value: object, argument: str) -> int:
+    """Return ``value`` as an ``int`` > 0, or raise naming ``argument``.
+
+    Examples
+    --------
+    >>> as_positive_int(np.int64(3), "size['x']")
+    3
+    """
+    if isinstance(value, bool | np.bool_):
+        raise GeometryError(f"{argument}={value!r} is a bool; pass a positive integer.")
+    try:
+        as_int = operator.index(value)
+    except TypeError:
+        raise GeometryError(
+            f"{argument}={value!r} is not an integer; pass a positive integer "
+            f"(for example {argument}=256)."
+        ) from None
+    if as_int <= 0:
+        raise GeometryError(f"{argument}={as_int} must be a positive integer (> 0).")
+    return as_int
+
+
+def check_boundary(boundary: object) -> Boundary:
+    """Return ``boundary`` if it is a known mode, else raise listing the valid ones."""
+    if boundary not in BOUNDARIES:
+        raise OptionError(
+            f"boundary={boundary!r} is not a known boundary mode; "
+            f"choose one of {', '.join(map(repr, BOUNDARIES))}."
+        )
+    return boundary  # type: ignore[return-value]
+
+
+def axis_starts(
+    extent: int, size: int, stride: int, boundary: Boundary, dim: Hashable
+) -> np.ndarray:
+    """Start indices of a regular grid of patches along one axis.
+
+    Parameters
+    ----------
+    extent, size, stride
+        Length of the axis, of a patch and of a step between patch starts.
+    boundary
+        What to do when the last step does not end flush with the edge: move the
+        last patch back (``"shift"``), pad past the edge (``"pad"``), leave the
+        incomplete patch out (``"drop"``) or raise (``"raise"``).
+    dim
+        Name of the axis, for error messages.
+
+    Examples
+    --------
+    >>> axis_starts(10, 4, 3, "shift", "x")
+    array([0, 3, 6])
+    >>> axis_starts(11, 4, 3, "shift", "x")
+    array([0, 3, 6, 7])
+    >>> axis_starts(11, 4, 3, "pad", "x")
+    array([0, 3, 6, 9])
+    >>> axis_starts(11, 4, 3, "drop", "x")
+    array([0, 3, 6])
+    """
+    if boundary == "pad":
+        count = -(-max(extent - size, 0) // stride) + 1
+        return np.arange(count, dtype=np.int64) * stride
+    last = extent - size
+    starts = np.arange(0, last + 1, stride, dtype=np.int64)
+    if starts[-1] != last:
+        if boundary == "shift":
+            starts = np.append(starts, np.int64(last))
+        elif boundary == "raise":
+            remainder = last - starts[-1]
+            raise GeometryError(
+                f"boundary='raise': along {dim!r} patches of size {size} with stride {stride} "
+                f"leave the last {remainder} cell(s) of {extent} uncovered. Choose a stride that "
+                f"divides {last} (extent - size), or boundary='shift', 'pad' or 'drop'."
+            )
+    return starts
+
+
+def covered_cells(extent: int, size: int, starts: np.ndarray) -> int:
+    """Count the cells in ``[0, extent)`` that at least one patch covers.
+
+    Examples
+    --------
+    >>> covered_cells(10, 2, np.array([0, 5]))
+    4
+    """
+    delta = np.zeros(extent + 1, dtype=np.int64)
+    np.add.at(delta, np.minimum(starts, extent), 1)
+    np.add.at(delta, np.minimum(starts + size, extent), -1)
+    return int(np.count_nonzero(np.cumsum(delta[:-1])))
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """Validated patch layout along the patched axes of an array.
+
+    Build it with :meth:`Geometry.build`, which checks every argument.
+
+    Attributes
+    ----------
+    dims
+        Names of the patched axes, in array order.
+    shape
+        Extent of the array along each patched axis.
+    size, stride
+        Patch extent and step between patch starts along each patched axis.
+    boundary
+        Boundary mode (see :func:`axis_starts`).
+    """
+
+    dims: tuple[Hashable, ...]
+    shape: tuple[int, ...]
+    size: tuple[int, ...]
+    stride: tuple[int, ...]
+    boundary: Boundary
+
+    @classmethod
+    def build(
+        cls,
+        shape: Mapping[Hashable, int],
+        size: Mapping[Hashable, object],
+        stride: int | Mapping[Hashable, object] | None,
+        boundary: object,
+    ) -> Geometry:
+        """Validate the arguments and return the geometry.
+
+        Parameters
+        ----------
+        shape
+            ``{dim: extent}`` of the patched dims, in array order.
+        size
+            ``{dim: patch extent}``; keys must be those of ``shape``.
+        stride
+            One step for all dims, a ``{dim: step}`` mapping (dims left out step by
+            their size), or ``None`` for no overlap.
+        boundary
+            One of ``"shift"``, ``"pad"``, ``"drop"``, ``"raise"``.
+
+        Examples
+        --------
+        >>> g = Geometry.build({"y": 10, "x": 8}, {"y": 4, "x": 4}, 3, "shift")
+        >>> g.stride
+        (3, 3)
+        >>> len(g.grid_anchors())
+        9
+        """
+        dims = tuple(shape)
+        boundary = check_boundary(boundary)
+        sizes = tuple(as_positive_int(size[d], f"size[{d!r}]") for d in dims)
+        if stride is None:
+            strides = sizes
+        elif isinstance(stride, Mapping):
+            unknown = [d for d in stride if d not in shape]
+            if unknown:
+                raise OptionError(
+                    f"stride names dimension(s) {unknown!r} that are not patched; "
+                    f"the patched dimensions are {list(dims)!r}."
+                )
+            strides = tuple(
+                as_positive_int(stride.get(d, s), f"stride[{d!r}]") for d, s in zip(dims, sizes)
+            )
+        else:
+            one = as_positive_int(stride, "stride")
+            strides = (one,) * len(dims)
+        if boundary != "pad":
+            for d, s in zip(dims, sizes):
+                if s > shape[d]:
+                    raise GeometryError(
+                        f"size[{d!r}]={s} is larger than the array along {d!r} (extent "
+                        f"{shape[d]}). Use a patch size of at most {shape[d]} along {d!r}, "
+                        "or boundary='pad' to pad the edges."
+                    )
+        geometry = cls(dims, tuple(int(shape[d]) for d in dims), sizes, strides, boundary)
+        geometry.grid_starts()  # boundary='raise' fails here, before any work
+        return geometry
+
+    @property
+    def ndim(self) -> int:
+        """Number of patched axes."""
+        return len(self.dims)
+
+    def grid_starts(self) -> tuple[np.ndarray, ...]:
+        """Start indices of the regular grid along each patched axis."""
+        return tuple(
+            axis_starts(e, s, t, self.boundary, d)
+            for d, e, s, t in zip(self.dims, self.shape, self.size, self.stride)
+        )
+
+    def grid_anchors(self) -> np.ndarray:
+        """All anchors of the regular grid, ``(n, ndim)`` int64 in C order."""
+        return cartesian(self.grid_starts())
+
+    def max_anchor(self) -> np.ndarray:
+        """Largest start index per axis whose patch needs no padding (0 if none does)."""
+        return np.maximum(np.subtract(self.shape, self.size), 0).astype(np.int64)
+
+    def uncovered_grid_cells(self) -> int:
+        """Count the cells the regular grid leaves uncovered (gaps, dropped remainders)."""
+        covered = 1
+        for e, s, starts in zip(self.shape, self.size, self.grid_starts()):
+            covered *= covered_cells(e, s, starts)
+        return int(np.prod(self.shape, dtype=np.float64)) - covered
+
+    def check_anchors(self, anchors: object, argument: str = "anchors") -> np.ndarray:
+        """Validate explicit anchors and return them as ``(n, ndim)`` int64.
+
+        With ``boundary="pad"`` a patch may run past the end of the array (it is
+        padded); otherwise it must lie inside the array.
+        """
+        array = np.asarray(anchors)
+        if array.ndim == 1 and self.ndim == 1:
+            array = array[:, None]
+        if array.ndim != 2 or array.shape[1] != self.ndim:
+            raise GeometryError(
+                f"{argument} has shape {array.shape}; expected (n_patches, {self.ndim}), one "
+                f"column per patched dimension {list(self.dims)!r}."
+            )
+        if array.size and not np.issubdtype(array.dtype, np.integer):
+            raise GeometryError(
+                f"{argument} has dtype {array.dtype}; anchors are integer start indices. "
+                "To give coordinate labels, use xpatch.AtLabels."
+            )
+        array = array.astype(np.int64)
+        upper = np.subtract(self.shape, 1) if self.boundary == "pad" else self.max_anchor()
+        bad = (array < 0) | (array > upper)
+        if bad.any():
+            row, col = np.argwhere(bad)[0]
+            raise GeometryError(
+                f"{argument}[{row}] = {array[row].tolist()} puts a patch of size "
+                f"{self.size[col]} outside the array along {self.dims[col]!r} (extent "
+                f"{self.shape[col]}): starts must lie in [0, {upper[col]}]"
+                + ("." if self.boundary == "pad" else ", or use boundary='pad'.")
+            )
+        return array
+
+    def padding(self, anchors: np.ndarray) -> tuple[int, ...]:
+        """Cells to pad past the end of each axis so that every patch fits."""
+        if len(anchors) == 0:
+            return (0,) * self.ndim
+        reach = anchors.max(axis=0) + np.asarray(self.size)
+        return tuple(int(max(r - e, 0)) for r, e in zip(reach, self.shape))
+
+
+def cartesian(axes: Sequence[np.ndarray]) -> np.ndarray:
+    """Cartesian product of 1-D integer arrays as ``(n, len(axes))`` int64, C order.
+
+    Examples
+    --------
+    >>> cartesian([np.array([0, 5]), np.array([1, 2])]).tolist()
+    [[0, 1], [0, 2], [5, 1], [5, 2]]
+    """
+    mesh = np.meshgrid(*axes, indexing="ij")
+    return np.stack([m.ravel() for m in mesh], axis=1).astype(np.int64, copy=False)

@@ -1,0 +1,212 @@
+"""Samplers: where patches start.
+
+A sampler is a small frozen object with one method, ``anchors(geometry)``, that
+returns the ``(n, ndim)`` int64 start indices of the patches. Random samplers take
+an explicit integer seed and use numpy's PCG64 generator, so the same seed gives
+the same anchors in every process and on every host.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+import numpy as np
+
+from xpatch.core.errors import DimensionError, OptionError
+from xpatch.core.geometry import Geometry, as_positive_int
+
+#: ``locate(dim, labels, method) -> positions``: resolves coordinate labels.
+Locator = Callable[[Hashable, np.ndarray, str | None], np.ndarray]
+
+
+@runtime_checkable
+class Sampler(Protocol):
+    """Anything with ``anchors(geometry) -> (n, ndim) int64 array``."""
+
+    def anchors(self, geometry: Geometry) -> np.ndarray:
+        """Return the anchors of the patches for ``geometry``."""
+        ...
+
+
+@dataclass(frozen=True)
+class RegularGrid:
+    """Patches on a regular grid of the stride, edges handled by ``boundary``.
+
+    Examples
+    --------
+    >>> g = Geometry.build({"x": 10}, {"x": 4}, 3, "shift")
+    >>> RegularGrid().anchors(g).ravel().tolist()
+    [0, 3, 6]
+    """
+
+    covers_grid = True
+
+    def anchors(self, geometry: Geometry) -> np.ndarray:
+        """Return the grid anchors in C order."""
+        return geometry.grid_anchors()
+
+
+def _per_dim(value: int | Mapping[Hashable, int], geometry: Geometry, argument: str) -> np.ndarray:
+    if isinstance(value, Mapping):
+        unknown = [d for d in value if d not in geometry.dims]
+        if unknown:
+            raise DimensionError(
+                f"{argument} names dimension(s) {unknown!r} that are not patched; "
+                f"the patched dimensions are {list(geometry.dims)!r}."
+            )
+        return np.array([value.get(d, 0) for d in geometry.dims], dtype=np.int64)
+    return np.full(geometry.ndim, value, dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class JitteredGrid:
+    """The regular grid with each anchor moved by a seeded random offset.
+
+    Offsets are uniform integers in ``[-jitter, jitter]`` per dim; anchors are then
+    clipped so that patches stay inside the array.
+
+    Parameters
+    ----------
+    jitter
+        Largest offset in cells, one for all dims or ``{dim: cells}``.
+    seed
+        Seed of the random offsets.
+
+    Examples
+    --------
+    >>> g = Geometry.build({"x": 100}, {"x": 10}, 10, "shift")
+    >>> a = JitteredGrid(jitter=3, seed=1).anchors(g)
+    >>> bool((abs(a - RegularGrid().anchors(g)) <= 3).all())
+    True
+    """
+
+    jitter: int | Mapping[Hashable, int]
+    seed: int = 0
+
+    def anchors(self, geometry: Geometry) -> np.ndarray:
+        """Return the jittered grid anchors."""
+        jitter = _per_dim(self.jitter, geometry, "JitteredGrid(jitter=...)")
+        if (jitter < 0).any():
+            raise OptionError(f"JitteredGrid(jitter={self.jitter!r}): jitter must be >= 0.")
+        base = geometry.grid_anchors()
+        offsets = np.random.default_rng(self.seed).integers(-jitter, jitter + 1, size=base.shape)
+        return np.clip(base + offsets, 0, geometry.max_anchor())
+
+
+@dataclass(frozen=True)
+class RandomAnchors:
+    """``count`` patches at seeded random positions inside the array.
+
+    Parameters
+    ----------
+    count
+        Number of patches.
+    seed
+        Seed of the generator (numpy PCG64).
+    replace
+        Whether the same position may be drawn twice.
+
+    Examples
+    --------
+    >>> g = Geometry.build({"y": 50, "x": 40}, {"y": 8, "x": 8}, None, "shift")
+    >>> a = RandomAnchors(count=5, seed=0, replace=False).anchors(g)
+    >>> a.shape, bool((a <= [42, 32]).all())
+    ((5, 2), True)
+    """
+
+    count: int
+    seed: int = 0
+    replace: bool = True
+
+    def anchors(self, geometry: Geometry) -> np.ndarray:
+        """Return ``count`` random anchors."""
+        count = as_positive_int(self.count, "RandomAnchors(count=...)")
+        positions = geometry.max_anchor() + 1
+        rng = np.random.default_rng(self.seed)
+        if self.replace:
+            return rng.integers(0, positions, size=(count, geometry.ndim), dtype=np.int64)
+        population = int(np.prod(positions, dtype=object))
+        if count > population:
+            raise OptionError(
+                f"RandomAnchors(count={count}, replace=False) asks for more patches than the "
+                f"{population} distinct positions; lower count or pass replace=True."
+            )
+        flat = rng.choice(population, size=count, replace=False)
+        return np.stack(np.unravel_index(flat, tuple(positions)), axis=1).astype(np.int64)
+
+
+@dataclass(frozen=True)
+class Anchors:
+    """Explicit anchors given as start indices.
+
+    Parameters
+    ----------
+    indices
+        ``(n, ndim)`` integers in the order of the patched dims, or ``{dim: starts}``
+        with one sequence of equal length per patched dim.
+
+    Examples
+    --------
+    >>> g = Geometry.build({"y": 10, "x": 10}, {"y": 4, "x": 4}, None, "shift")
+    >>> Anchors({"x": [0, 6], "y": [1, 2]}).anchors(g).tolist()
+    [[1, 0], [2, 6]]
+    """
+
+    indices: Any = field(hash=False)
+
+    def anchors(self, geometry: Geometry) -> np.ndarray:
+        """Return the validated anchors."""
+        indices = self.indices
+        if isinstance(indices, Mapping):
+            missing = [d for d in geometry.dims if d not in indices]
+            unknown = [d for d in indices if d not in geometry.dims]
+            if missing or unknown:
+                raise DimensionError(
+                    f"Anchors({{...}}) must give starts for exactly the patched dimensions "
+                    f"{list(geometry.dims)!r}; missing {missing!r}, not patched {unknown!r}."
+                )
+            columns = [np.asarray(indices[d]).ravel() for d in geometry.dims]
+            if len({len(c) for c in columns}) > 1:
+                raise OptionError(
+                    "Anchors({...}) got sequences of different lengths "
+                    f"{ {d: len(c) for d, c in zip(geometry.dims, columns)} }; give one start "
+                    "per patch for every dim."
+                )
+            indices = np.stack(columns, axis=1)
+        return geometry.check_anchors(indices, "Anchors(indices)")
+
+
+@dataclass(frozen=True)
+class AtLabels:
+    """Explicit anchors given as coordinate labels of the first cell of each patch.
+
+    Parameters
+    ----------
+    labels
+        ``{dim: labels}`` with one sequence of equal length per patched dim, in the
+        units of the dim's coordinate (map coordinates, timestamps, ...).
+    method
+        ``None`` for exact matches, or ``"nearest"`` to snap to the closest label.
+    """
+
+    labels: Mapping[Hashable, Sequence[Any] | np.ndarray] = field(hash=False)
+    method: Literal["nearest"] | None = None
+
+    def resolve(self, locate: Locator) -> Anchors:
+        """Turn labels into index anchors with ``locate(dim, labels, method)``."""
+        if self.method not in (None, "nearest"):
+            raise OptionError(
+                f"AtLabels(method={self.method!r}) is not supported; use None or 'nearest'."
+            )
+        return Anchors(
+            {d: locate(d, np.asarray(v).ravel(), self.method) for d, v in self.labels.items()}
+        )
+
+    def anchors(self, geometry: Geometry) -> np.ndarray:
+        """Labels need the array's coordinates: resolve them first."""
+        raise OptionError(
+            "AtLabels needs the array's coordinates; pass it as sampler= to .patch(...), "
+            "which resolves the labels."
+        )

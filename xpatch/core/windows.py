@@ -1,0 +1,158 @@
+"""Blending windows that never give a covered cell zero total weight.
+
+A symmetric Hann window is 0 at both ends, so the outermost row of the whole array
+would receive no weight at all (NaN after normalising). xpatch evaluates windows at
+half-sample positions ``(k + 1/2) / n`` instead, where they are strictly positive;
+a half-sample Hann still sums to a constant at 50 % overlap.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping, Sequence
+from functools import reduce
+from typing import Any, TypeAlias
+
+import numpy as np
+import scipy.signal
+
+from xpatch.core.errors import OptionError
+
+WindowSpec: TypeAlias = str | tuple[Any, ...] | float | np.ndarray
+
+_HINT = (
+    "Use 'boxcar', 'hann', 'triangular', 'tukey' or ('tukey', alpha), ('gaussian', sigma), "
+    "any scipy.signal.get_window spec such as 'hamming' or ('kaiser', 8.0), "
+    "a mapping {dim: spec}, or an array of the patch shape with positive values."
+)
+
+
+def _half_sample_positions(n: int) -> np.ndarray:
+    return (np.arange(n) + 0.5) / n
+
+
+def _tukey(n: int, alpha: float) -> np.ndarray:
+    if not 0.0 <= alpha <= 1.0:
+        raise OptionError(f"window=('tukey', {alpha!r}): alpha must lie in [0, 1].")
+    t = _half_sample_positions(n)
+    edge = np.minimum(t, 1.0 - t)
+    if alpha == 0.0:
+        return np.ones(n)
+    return np.where(edge < alpha / 2, 0.5 * (1.0 - np.cos(2.0 * np.pi * edge / alpha)), 1.0)
+
+
+def _scipy_window(spec: WindowSpec, n: int) -> np.ndarray:
+    try:
+        window = scipy.signal.get_window(spec, n, fftbins=False)
+        if np.all(window > 0):
+            return window
+        # The odd samples of a periodic window of length 2n are its values at the
+        # half-sample positions of a length-n window: positive for every window
+        # that is zero only at its ends (hann, blackman, bartlett, ...).
+        return scipy.signal.get_window(spec, 2 * n, fftbins=True)[1::2]
+    except (ValueError, TypeError) as error:
+        raise OptionError(
+            f"window={spec!r} is not a window xpatch knows ({error}). {_HINT}"
+        ) from None
+
+
+def window_1d(spec: WindowSpec, n: int) -> np.ndarray:
+    """Return the 1-D window ``spec`` of length ``n``, strictly positive, float64.
+
+    Parameters
+    ----------
+    spec
+        ``"boxcar"``, ``"hann"`` (half-sample), ``"triangular"`` (half-sample),
+        ``"tukey"`` / ``("tukey", alpha)`` (half-sample, alpha 0.5 by default),
+        ``("gaussian", sigma)`` (sigma in cells), any other
+        :func:`scipy.signal.get_window` spec, or a 1-D array of length ``n``.
+    n
+        Window length (the patch size along the axis).
+
+    Examples
+    --------
+    >>> window_1d("hann", 4).round(3)
+    array([0.146, 0.854, 0.854, 0.146])
+    >>> (window_1d("hann", 4)[:2] + window_1d("hann", 4)[2:]).tolist()  # 50 % overlap
+    [1.0, 1.0]
+    """
+    if isinstance(spec, np.ndarray | list):
+        return check_window_array(np.asarray(spec), (n,))
+    name, params = (spec[0], tuple(spec[1:])) if isinstance(spec, tuple) and spec else (spec, ())
+    if name == "boxcar" and not params:
+        window = np.ones(n)
+    elif name == "hann" and not params:
+        window = np.sin(np.pi * _half_sample_positions(n)) ** 2
+    elif name == "triangular" and not params:
+        window = 1.0 - np.abs(2.0 * _half_sample_positions(n) - 1.0)
+    elif name == "tukey" and len(params) <= 1:
+        window = _tukey(n, float(params[0]) if params else 0.5)
+    elif name == "gaussian":
+        if len(params) != 1:
+            raise OptionError(
+                f"window={spec!r}: a Gaussian window needs its width in cells; "
+                "pass ('gaussian', sigma), for example ('gaussian', 64.0)."
+            )
+        window = scipy.signal.windows.gaussian(n, std=float(params[0]), sym=True)
+    else:
+        window = _scipy_window(spec, n)
+    return check_window_array(window, (n,), spec)
+
+
+def check_window_array(
+    window: np.ndarray, shape: tuple[int, ...], spec: object = "window array"
+) -> np.ndarray:
+    """Check that a window has the patch shape and strictly positive finite values."""
+    window = np.asarray(window, dtype=np.float64)
+    if window.shape != shape:
+        raise OptionError(f"window has shape {window.shape}; it must have the patch shape {shape}.")
+    if not np.all(np.isfinite(window)) or not np.all(window > 0):
+        raise OptionError(
+            f"window={spec if not isinstance(spec, np.ndarray) else 'array'} has zero, negative "
+            "or non-finite values; every weight must be > 0 so that no covered cell ends up "
+            "with zero total weight. Clamp it to a small floor, e.g. np.maximum(w, 1e-3)."
+        )
+    return window
+
+
+def make_window(
+    spec: WindowSpec | Mapping[Hashable, WindowSpec],
+    dims: Sequence[Hashable],
+    size: Sequence[int],
+) -> np.ndarray:
+    """Build the N-D blending window over the patched dims (a separable product).
+
+    Parameters
+    ----------
+    spec
+        One 1-D spec for every dim, a ``{dim: spec}`` mapping (dims left out use
+        ``"boxcar"``), or an N-D array of the patch shape.
+    dims, size
+        Patched dims and patch size, in the same order.
+
+    Examples
+    --------
+    >>> make_window("hann", ["y", "x"], [2, 3]).shape
+    (2, 3)
+    >>> make_window({"x": "hann"}, ["y", "x"], [2, 2]).round(2).tolist()
+    [[0.5, 0.5], [0.5, 0.5]]
+    """
+    shape = tuple(int(s) for s in size)
+    if isinstance(spec, np.ndarray):
+        if spec.ndim == len(shape):
+            return check_window_array(spec, shape)
+        if not (spec.ndim == 1 and len(shape) == 1):
+            raise OptionError(
+                f"window array has {spec.ndim} dimension(s); give one with the patch shape "
+                f"{shape} or a mapping {{dim: 1-D spec}}."
+            )
+    if isinstance(spec, Mapping):
+        unknown = [d for d in spec if d not in dims]
+        if unknown:
+            raise OptionError(
+                f"window names dimension(s) {unknown!r} that are not patched; "
+                f"the patched dimensions are {list(dims)!r}."
+            )
+        per_axis = [window_1d(spec.get(d, "boxcar"), n) for d, n in zip(dims, shape)]
+    else:
+        per_axis = [window_1d(spec, n) for n in shape]
+    return reduce(np.multiply.outer, per_axis) if per_axis else np.ones(())

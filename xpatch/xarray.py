@@ -1,0 +1,667 @@
+"""The xarray layer: dims by name, coordinates and attributes around the core.
+
+:class:`Patcher` is the immutable patch layout that ``da.patch(...)`` returns.
+:func:`patch` is the same thing as a function.
+"""
+
+from __future__ import annotations
+
+import operator
+import warnings
+from collections.abc import Hashable, Mapping, Sequence
+from typing import Any, Generic, TypeVar
+
+import dask.array as da
+import numpy as np
+import xarray as xr
+
+from xpatch.core.errors import (
+    DimensionError,
+    GeometryError,
+    OptionError,
+    PredictionError,
+    UncoveredCellsWarning,
+)
+from xpatch.core.extract import check_pad_value, extract_dask, extract_numpy
+from xpatch.core.geometry import Boundary, Geometry
+from xpatch.core.overlap_add import (
+    Reduction,
+    accumulation_dtype,
+    check_reduction,
+    overlap_add,
+    overlap_add_dask,
+)
+from xpatch.core.samplers import AtLabels, RegularGrid, Sampler
+from xpatch.core.validity import window_sums
+from xpatch.core.windows import WindowSpec, make_window
+
+T = TypeVar("T", xr.DataArray, xr.Dataset)
+
+PATCH_DIM = "patch"
+
+
+def _size_mapping(size: Mapping[Hashable, int] | None, size_kwargs: Mapping[str, int]) -> dict:
+    if size is not None and size_kwargs:
+        raise OptionError(
+            f"the patch size was given twice: size={size!r} and keyword arguments "
+            f"{dict(size_kwargs)!r}; use one of them."
+        )
+    size = size_kwargs if size is None else size
+    if not isinstance(size, Mapping):
+        raise OptionError(
+            f"size={size!r} must map dimension names to patch extents, "
+            "e.g. size={'y': 256, 'x': 256} or .patch(y=256, x=256)."
+        )
+    if not size:
+        raise OptionError("no patch size given: pass size={'y': 256, 'x': 256} or y=256, x=256.")
+    return dict(size)
+
+
+def _patched_variables(obj: xr.DataArray | xr.Dataset, dims: Sequence[Hashable]) -> dict:
+    """Return the data variables that hold every patched dim (the rest are carried)."""
+    if isinstance(obj, xr.DataArray):
+        return {obj.name: obj.variable}
+    return {name: var.variable for name, var in obj.data_vars.items() if set(dims) <= set(var.dims)}
+
+
+def _extended_labels(values: np.ndarray, start: int, size: int) -> np.ndarray:
+    """Coordinate labels of ``[start, start + size)``, extrapolated past the end."""
+    inside = values[start : start + size]
+    missing = size - len(inside)
+    if missing == 0:
+        return inside
+    if len(values) >= 2 and (
+        np.issubdtype(values.dtype, np.number) or np.issubdtype(values.dtype, np.datetime64)
+    ):
+        step = values[-1] - values[-2]
+        return np.concatenate([inside, values[-1] + step * np.arange(1, missing + 1)])
+    fill = np.array([None] * missing, dtype=object)
+    return np.concatenate([inside.astype(object), fill])
+
+
+class Patcher(Generic[T]):
+    """An immutable layout of (overlapping) patches over a DataArray or Dataset.
+
+    Parameters
+    ----------
+    obj
+        The array (or Dataset, whose data variables are patched together) to cut.
+        Numpy- or dask-backed; dask input stays lazy.
+    size
+        Patch extent per patched dim, ``{dim: int}``. Dims not named are carried
+        whole (bands, time, variables). Or give ``**size_kwargs``.
+    stride
+        Step between patch starts: one int for all patched dims, or ``{dim: int}``.
+        Default: the size (no overlap).
+    boundary
+        ``"shift"`` (default): the last patch along a dim is moved back to end flush
+        with the edge, every cell is covered. ``"pad"``: edge patches run past the
+        edge and are padded with ``pad_value``; padded cells carry no weight.
+        ``"drop"``: incomplete patches are left out, with an
+        :class:`~xpatch.UncoveredCellsWarning` that counts the uncovered cells.
+        ``"raise"``: raise if the stride does not end flush with the edge.
+    window
+        Blending window for :meth:`reconstruct`: ``"boxcar"`` (default), ``"hann"``,
+        ``"triangular"``, ``"tukey"`` / ``("tukey", alpha)``, ``("gaussian", sigma)``,
+        any :func:`scipy.signal.get_window` spec, a ``{dim: spec}`` mapping, or an
+        array of the patch shape. Windows are evaluated so that they are never 0:
+        every covered cell gets positive total weight.
+    sampler
+        Where patches start: :class:`~xpatch.RegularGrid` (default),
+        :class:`~xpatch.JitteredGrid`, :class:`~xpatch.RandomAnchors`,
+        :class:`~xpatch.Anchors` (indices) or :class:`~xpatch.AtLabels`
+        (coordinate labels).
+    min_valid
+        Validity filter: keep only patches whose fraction of non-NaN values is at
+        least ``min_valid`` and above 0 (``min_valid=0`` drops all-NaN patches).
+        Computed when the anchors are first needed, as one small dask computation
+        for dask input.
+    pad_value
+        Fill of padded cells with ``boundary="pad"``; default NaN for float data
+        and 0 for integer data.
+    **size_kwargs
+        The patch size as keyword arguments, ``y=256, x=256``.
+
+    Examples
+    --------
+    >>> import numpy as np, xarray as xr, xpatch
+    >>> da = xr.DataArray(np.arange(20.0).reshape(4, 5), dims=("y", "x"))
+    >>> p = da.patch(y=2, x=3, stride={"x": 2})
+    >>> len(p), p.anchors().values.tolist()
+    (4, [[0, 0], [0, 2], [2, 0], [2, 2]])
+    >>> bool(p.reconstruct(p.patches()).equals(da))
+    True
+    """
+
+    __slots__ = (
+        "_anchor_cache",
+        "_geometry",
+        "_min_valid",
+        "_obj",
+        "_pad_value",
+        "_sampler",
+        "_window",
+        "_window_spec",
+    )
+
+    def __init__(
+        self,
+        obj: T,
+        size: Mapping[Hashable, int] | None = None,
+        stride: int | Mapping[Hashable, int] | None = None,
+        *,
+        boundary: Boundary = "shift",
+        window: WindowSpec | Mapping[Hashable, WindowSpec] = "boxcar",
+        sampler: Sampler | AtLabels | None = None,
+        min_valid: float | None = None,
+        pad_value: Any = None,
+        **size_kwargs: int,
+    ) -> None:
+        if not isinstance(obj, xr.DataArray | xr.Dataset):
+            raise OptionError(
+                f"obj is a {type(obj).__name__}; xpatch patches xarray.DataArray and "
+                "xarray.Dataset objects (wrap numpy arrays with xr.DataArray(arr, dims=...))."
+            )
+        size = _size_mapping(size, size_kwargs)
+        unknown = [d for d in size if d not in obj.dims]
+        if unknown:
+            raise DimensionError(
+                f"size names dimension(s) {unknown!r} that the {type(obj).__name__} does not "
+                f"have; its dimensions are {list(obj.dims)!r}."
+            )
+        dims = [d for d in obj.dims if d in size]
+        if isinstance(obj, xr.Dataset) and not _patched_variables(obj, dims):
+            raise DimensionError(
+                f"no data variable of the Dataset has all of the patched dimensions {dims!r}."
+            )
+        geometry = Geometry.build({d: obj.sizes[d] for d in dims}, size, stride, boundary)
+        window_array = make_window(window, geometry.dims, geometry.size)
+        sampler = RegularGrid() if sampler is None else sampler
+        if isinstance(sampler, AtLabels):
+            sampler = sampler.resolve(self._locator(obj))
+        if not isinstance(sampler, Sampler):
+            raise OptionError(
+                f"sampler={sampler!r} has no anchors(geometry) method; use xpatch.RegularGrid(), "
+                "JitteredGrid, RandomAnchors, Anchors or AtLabels."
+            )
+        if min_valid is not None and not (
+            isinstance(min_valid, int | float) and 0.0 <= min_valid <= 1.0
+        ):
+            raise OptionError(
+                f"min_valid={min_valid!r} must be a fraction in [0, 1] (or None for no filter)."
+            )
+        if boundary == "pad":
+            for var in _patched_variables(obj, dims).values():
+                check_pad_value(pad_value, var.dtype)
+        for name, value in (
+            ("_obj", obj),
+            ("_geometry", geometry),
+            ("_window_spec", window),
+            ("_window", window_array),
+            ("_sampler", sampler),
+            ("_min_valid", min_valid),
+            ("_pad_value", pad_value),
+            ("_anchor_cache", None),
+        ):
+            object.__setattr__(self, name, value)
+        if getattr(sampler, "covers_grid", False):
+            uncovered = geometry.uncovered_grid_cells()
+            if uncovered:
+                total = int(np.prod(geometry.shape, dtype=np.float64))
+                warnings.warn(
+                    f"{uncovered} of {total} cells ({uncovered / total:.1%}) along "
+                    f"{list(geometry.dims)!r} are covered by no patch (boundary={boundary!r}, "
+                    f"size={dict(zip(dims, geometry.size))}, "
+                    f"stride={dict(zip(dims, geometry.stride))}); they reconstruct to NaN. "
+                    "Use boundary='shift' or 'pad', or a stride <= size, to cover every cell.",
+                    UncoveredCellsWarning,
+                    stacklevel=3,
+                )
+
+    # -- immutability and pickling -------------------------------------------------
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(
+            f"Patcher is immutable (cannot set {name!r}); build a new one with obj.patch(...)."
+        )
+
+    def __getstate__(self) -> dict:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+    def __setstate__(self, state: dict) -> None:
+        for name, value in state.items():
+            object.__setattr__(self, name, value)
+
+    def __repr__(self) -> str:
+        g = self._geometry
+        size = ", ".join(f"{d}: {s}" for d, s in zip(g.dims, g.size))
+        stride = ", ".join(f"{d}: {s}" for d, s in zip(g.dims, g.stride))
+        count = len(self) if self._anchor_cache is not None or self._min_valid is None else "?"
+        return (
+            f"<xpatch.Patcher ({count} patches) size=({size}) stride=({stride}) "
+            f"boundary={g.boundary!r} window={self._window_spec!r} sampler={self._sampler!r}>"
+        )
+
+    # -- layout ---------------------------------------------------------------------
+
+    @property
+    def obj(self) -> T:
+        """The patched DataArray or Dataset."""
+        return self._obj
+
+    @property
+    def dims(self) -> tuple[Hashable, ...]:
+        """The patched dims, in the order they have in the object."""
+        return self._geometry.dims
+
+    @property
+    def size(self) -> dict[Hashable, int]:
+        """Patch extent per patched dim."""
+        return dict(zip(self.dims, self._geometry.size))
+
+    @property
+    def stride(self) -> dict[Hashable, int]:
+        """Step between patch starts per patched dim."""
+        return dict(zip(self.dims, self._geometry.stride))
+
+    @property
+    def boundary(self) -> Boundary:
+        """The boundary mode."""
+        return self._geometry.boundary
+
+    @property
+    def geometry(self) -> Geometry:
+        """The core geometry (sizes, strides, boundary) in axis terms."""
+        return self._geometry
+
+    @property
+    def sampler(self) -> Sampler:
+        """The sampler that placed the patches."""
+        return self._sampler
+
+    def _anchor_array(self) -> np.ndarray:
+        if self._anchor_cache is None:
+            anchors = self._sampler.anchors(self._geometry)
+            if self._min_valid is not None:
+                anchors = anchors[self._valid_patches(anchors)]
+            anchors.setflags(write=False)
+            object.__setattr__(self, "_anchor_cache", anchors)
+        return self._anchor_cache
+
+    def _valid_patches(self, anchors: np.ndarray) -> np.ndarray:
+        counts = 0
+        per_cell = 0
+        for var in _patched_variables(self._obj, self.dims).values():
+            carried = [d for d in var.dims if d not in self.dims]
+            valid = xr.DataArray(var).notnull()
+            counts = counts + valid.sum(carried).transpose(*self.dims).data
+            per_cell += int(np.prod([var.sizes[d] for d in carried], dtype=np.int64))
+        valid_cells = window_sums(counts, anchors, self._geometry.size)
+        fraction = valid_cells / (per_cell * np.prod(self._geometry.size, dtype=np.float64))
+        return (fraction > 0) & (fraction >= self._min_valid)
+
+    def __len__(self) -> int:
+        return len(self._anchor_array())
+
+    def anchors(self) -> xr.DataArray:
+        """Start index of every patch along each patched dim.
+
+        Returns
+        -------
+        xarray.DataArray
+            int64, dims ``("patch", "dim")``, with ``dim`` labelled by the patched
+            dims in the order of :attr:`dims`.
+
+        Examples
+        --------
+        >>> import numpy as np, xarray as xr, xpatch
+        >>> da = xr.DataArray(np.zeros((4, 6)), dims=("y", "x"))
+        >>> da.patch(y=4, x=3).anchors().values.tolist()
+        [[0, 0], [0, 3]]
+        """
+        return xr.DataArray(
+            self._anchor_array().copy(),
+            dims=(PATCH_DIM, "dim"),
+            coords={"dim": list(self.dims)},
+            name="anchors",
+        )
+
+    def weights(self) -> xr.DataArray:
+        """Return the blending window over the patched dims (float64, strictly positive).
+
+        Examples
+        --------
+        >>> import numpy as np, xarray as xr, xpatch
+        >>> da = xr.DataArray(np.zeros(8), dims="t")
+        >>> da.patch(t=4, window="hann").weights().round(3).values.tolist()
+        [0.146, 0.854, 0.854, 0.146]
+        """
+        return xr.DataArray(self._window.copy(), dims=self.dims, name="weights")
+
+    # -- patches ----------------------------------------------------------------------
+
+    def _extract(self, var: xr.Variable, anchors: np.ndarray, pad_value: Any) -> Any:
+        """Stack the patches of one variable: ``(n, *var.shape)`` with patch extents."""
+        present = [d for d in self.dims if d in var.dims]
+        columns = [self.dims.index(d) for d in present]
+        axes = [var.dims.index(d) for d in present]
+        size = [self.size[d] for d in present]
+        pad_value = check_pad_value(pad_value, var.dtype)
+        if isinstance(var.data, da.Array):
+            return extract_dask(var.data, axes, anchors[:, columns], size, pad_value)
+        return extract_numpy(np.asarray(var.data), axes, anchors[:, columns], size, pad_value)
+
+    def _cut(self, anchors: np.ndarray, stacked: bool) -> T:
+        """Patches at ``anchors`` as one object (``stacked``) or the first one alone."""
+        obj = self._obj
+        dims = set(self.dims)
+        data_vars = _patched_variables(obj, self.dims)
+        variables: dict[Hashable, xr.Variable] = {}
+        for name, var in data_vars.items():
+            data = self._extract(var, anchors, self._pad_value)
+            variables[name] = (
+                xr.Variable((PATCH_DIM, *var.dims), data, var.attrs)
+                if stacked
+                else xr.Variable(var.dims, data[0], var.attrs)
+            )
+        coords: dict[Hashable, Any] = {}
+        for name, coord in obj.coords.items():
+            if not dims & set(coord.dims):
+                coords[name] = coord.variable
+            elif name in dims and stacked:
+                column = anchors[:, self.dims.index(name)]
+                coords[f"{name}_start"] = (PATCH_DIM, coord.values[column], coord.attrs)
+            elif name in dims:
+                start = int(anchors[0, self.dims.index(name)])
+                labels = _extended_labels(coord.values, start, self.size[name])
+                coords[name] = xr.Variable(name, labels, coord.attrs)
+            else:
+                data = self._extract(coord.variable, anchors, None)
+                coords[name] = (
+                    xr.Variable((PATCH_DIM, *coord.dims), data, coord.attrs)
+                    if stacked
+                    else xr.Variable(coord.dims, data[0], coord.attrs)
+                )
+        if stacked:
+            for j, d in enumerate(self.dims):
+                coords[f"{d}_anchor"] = (PATCH_DIM, anchors[:, j].copy())
+        if isinstance(obj, xr.DataArray):
+            (data,) = variables.values()
+            return xr.DataArray(data, coords=coords, name=obj.name, attrs=obj.attrs)
+        for name, var in obj.data_vars.items():
+            variables.setdefault(name, var.variable)
+        ordered = {name: variables[name] for name in obj.data_vars}
+        return xr.Dataset(ordered, coords=coords, attrs=obj.attrs)
+
+    def __getitem__(self, index: int) -> T:
+        """Patch ``index`` (negative counts from the end), with its own coordinates."""
+        try:
+            position = operator.index(index)
+        except TypeError:
+            raise TypeError(
+                f"patch index {index!r} must be an int; for several patches use "
+                "p.patches().isel(patch=...)."
+            ) from None
+        anchors = self._anchor_array()
+        if not -len(anchors) <= position < len(anchors):
+            raise IndexError(f"patch index {position} is out of range for {len(anchors)} patches.")
+        return self._cut(anchors[position : position + 1 or None], stacked=False)
+
+    def patch_at(self, anchor: Sequence[int] | Mapping[Hashable, int]) -> T:
+        """Return the patch that starts at ``anchor``, with its own coordinate labels.
+
+        Parameters
+        ----------
+        anchor
+            Start index per patched dim: a sequence in the order of :attr:`dims`
+            or a ``{dim: int}`` mapping. It need not be one of :meth:`anchors`.
+
+        Examples
+        --------
+        >>> import numpy as np, xarray as xr, xpatch
+        >>> da = xr.DataArray(np.arange(10), dims="x", coords={"x": np.arange(10) * 10})
+        >>> da.patch(x=3).patch_at({"x": 4}).x.values.tolist()
+        [40, 50, 60]
+        """
+        if isinstance(anchor, Mapping):
+            missing = [d for d in self.dims if d not in anchor]
+            unknown = [d for d in anchor if d not in self.dims]
+            if missing or unknown:
+                raise DimensionError(
+                    f"anchor={dict(anchor)!r} must give a start for each patched dimension "
+                    f"{list(self.dims)!r}; missing {missing!r}, not patched {unknown!r}."
+                )
+            anchor = [anchor[d] for d in self.dims]
+        anchors = self._geometry.check_anchors(np.asarray([anchor]), "anchor")
+        return self._cut(anchors, stacked=False)
+
+    def patches(self) -> T:
+        """All patches stacked along a leading ``"patch"`` dim.
+
+        Coordinates along ``"patch"``: ``{dim}_anchor`` (start index) and
+        ``{dim}_start`` (coordinate label of the first cell) per patched dim.
+        Non-index coordinates that span patched dims are patched alongside.
+        For dask input the result is lazy: patches are grouped into one task per
+        run of consecutive patches anchored in the same input chunk.
+
+        Examples
+        --------
+        >>> import numpy as np, xarray as xr, xpatch
+        >>> da = xr.DataArray(np.zeros((3, 8, 8)), dims=("band", "y", "x"))
+        >>> da.patch(y=4, x=4).patches().sizes
+        Frozen({'patch': 4, 'band': 3, 'y': 4, 'x': 4})
+        """
+        return self._cut(self._anchor_array(), stacked=True)
+
+    # -- reconstruction ---------------------------------------------------------------
+
+    def _check_prediction(self, pred: xr.DataArray, label: str) -> None:
+        n = len(self)
+        if PATCH_DIM not in pred.dims:
+            raise PredictionError(
+                f"{label} has dims {pred.dims}; it needs a {PATCH_DIM!r} dim with one entry per "
+                "patch, in the order of p.anchors()."
+            )
+        if pred.sizes[PATCH_DIM] != n:
+            raise PredictionError(
+                f"{label} has {pred.sizes[PATCH_DIM]} patches along {PATCH_DIM!r}; this patcher "
+                f"has {n}. Predict on p.patches() (or on every p[i]) and keep all of them."
+            )
+        missing = [d for d in self.dims if d not in pred.dims]
+        if missing:
+            raise DimensionError(
+                f"{label} lacks the patched dimension(s) {missing!r}; its dims are "
+                f"{pred.dims}. Keep the patched dims {list(self.dims)!r} (rename them back "
+                "if the model renamed them)."
+            )
+        got = {d: pred.sizes[d] for d in self.dims}
+        if got != self.size:
+            raise PredictionError(
+                f"{label} has patch shape {got}; this patcher's patches are {self.size}. "
+                "Predictions must keep the patch size (crop or resize them back)."
+            )
+        anchor_coords = [f"{d}_anchor" for d in self.dims]
+        if all(c in pred.coords for c in anchor_coords):
+            given = np.stack([np.asarray(pred[c].values) for c in anchor_coords], axis=1)
+            mismatch = np.flatnonzero((given != self._anchor_array()).any(axis=1))
+            if mismatch.size:
+                i = int(mismatch[0])
+                raise PredictionError(
+                    f"{label} patch {i} carries anchor {given[i].tolist()} but this patcher's "
+                    f"patch {i} starts at {self._anchor_array()[i].tolist()}: the predictions "
+                    "were reordered or come from another patcher. Sort them back by anchor."
+                )
+
+    def _grid_chunks(self, template: xr.Variable | None, lead: Sequence[int], dtype) -> list:
+        if template is not None and isinstance(template.data, da.Array):
+            return [template.chunks[template.dims.index(d)] for d in self.dims]
+        shape = (*lead, *self._geometry.shape)
+        chunks = da.core.normalize_chunks(
+            (-1,) * len(lead) + ("auto",) * len(self.dims), shape, dtype=dtype
+        )
+        return list(chunks[len(lead) :])
+
+    def _reconstruct_variable(
+        self, pred: xr.DataArray, template: xr.Variable | None, reduce: Reduction
+    ) -> xr.Variable:
+        lead = [d for d in pred.dims if d != PATCH_DIM and d not in self.dims]
+        data = pred.transpose(PATCH_DIM, *lead, *self.dims).data
+        anchors = self._anchor_array()
+        if isinstance(data, da.Array):
+            lead_shape = [pred.sizes[d] for d in lead]
+            chunks = self._grid_chunks(template, lead_shape, accumulation_dtype(data.dtype))
+            out = overlap_add_dask(
+                data, anchors, self._geometry.shape, chunks, self._window, reduce
+            )
+        else:
+            out = overlap_add(np.asarray(data), anchors, self._geometry.shape, self._window, reduce)
+        result = xr.Variable((*lead, *self.dims), out)
+        if template is not None and set(result.dims) == set(template.dims):
+            result = result.transpose(*template.dims)
+        return result
+
+    def _output_coords(self, pred: xr.DataArray | xr.Dataset, sizes: Mapping) -> dict:
+        """Coordinates of the result: the prediction's (off the patch axes), then the input's."""
+        dims = set(self.dims)
+        coords: dict[Hashable, xr.Variable] = {}
+        for name, coord in pred.coords.items():
+            if PATCH_DIM not in coord.dims and not dims & set(coord.dims):
+                coords[name] = coord.variable
+        for name, coord in self._obj.coords.items():
+            fits = all(sizes.get(d) == self._obj.sizes[d] for d in coord.dims)
+            if name not in coords and fits:
+                coords[name] = coord.variable
+        return coords
+
+    def reconstruct(self, pred: T, reduce: Reduction = "mean") -> T:
+        """Put per-patch results back on the original grid by weighted overlap-add.
+
+        Parameters
+        ----------
+        pred
+            Per-patch results with a ``"patch"`` dim (in the order of
+            :meth:`anchors`) and every patched dim at patch size. Other dims are
+            free: ``"class"`` scores instead of ``"band"`` values are fine. A
+            Dataset (for a Dataset patcher) reconstructs each variable that has a
+            ``"patch"`` dim and keeps the others.
+        reduce
+            ``"mean"`` (default): Σ w·x / Σ w with the patcher's window.
+            ``"sum"``: Σ w·x. ``"max"`` / ``"min"``: over the covering patches,
+            unweighted.
+
+        Returns
+        -------
+        DataArray or Dataset
+            On the input's grid, with its coordinates and attributes. Float32 for
+            half/single precision input, float64 otherwise (accumulated in that
+            dtype). NaN predictions are skipped; cells that no valid prediction
+            covers are NaN. Lazy (dask) if ``pred`` is.
+
+        Examples
+        --------
+        >>> import numpy as np, xarray as xr, xpatch
+        >>> da = xr.DataArray(np.arange(6.0), dims="x")
+        >>> p = da.patch(x=4, stride=2, window="hann")
+        >>> p.reconstruct(p.patches() * 2).values.tolist()
+        [0.0, 2.0, 4.0, 6.0, 8.0, 10.0]
+        >>> p.reconstruct(p.patches(), reduce="max").values.tolist()
+        [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+        """
+        reduce = check_reduction(reduce)
+        obj = self._obj
+        if isinstance(pred, xr.DataArray):
+            self._check_prediction(pred, "pred")
+            template = obj.variable if isinstance(obj, xr.DataArray) else None
+            if isinstance(obj, xr.Dataset) and pred.name in obj.data_vars:
+                template = obj[pred.name].variable
+            variable = self._reconstruct_variable(pred, template, reduce)
+            coords = self._output_coords(pred, dict(zip(variable.dims, variable.shape)))
+            attrs = obj.attrs if isinstance(obj, xr.DataArray) else dict(pred.attrs)
+            return xr.DataArray(variable, coords=coords, name=pred.name, attrs=attrs)
+        if isinstance(pred, xr.Dataset):
+            if not isinstance(obj, xr.Dataset):
+                raise PredictionError(
+                    "pred is a Dataset but this patcher cuts a DataArray; pass a DataArray "
+                    "(or patch a Dataset)."
+                )
+            patched = [name for name, v in pred.data_vars.items() if PATCH_DIM in v.dims]
+            if not patched:
+                raise PredictionError(
+                    f"pred has no data variable with a {PATCH_DIM!r} dim; its variables are "
+                    f"{list(pred.data_vars)!r}."
+                )
+            for name in patched:
+                self._check_prediction(pred[name], f"pred[{name!r}]")
+            variables = {}
+            for name, var in pred.data_vars.items():
+                if name not in patched:
+                    variables[name] = var.variable
+                    continue
+                template = obj[name].variable if name in obj.data_vars else None
+                result = self._reconstruct_variable(var, template, reduce)
+                result.attrs = dict(obj[name].attrs if name in obj.data_vars else var.attrs)
+                variables[name] = result
+            sizes = {d: n for v in variables.values() for d, n in zip(v.dims, v.shape)}
+            coords = self._output_coords(pred, sizes)
+            return xr.Dataset(variables, coords=coords, attrs=obj.attrs)
+        raise PredictionError(
+            f"pred is a {type(pred).__name__}; pass an xarray.DataArray with a {PATCH_DIM!r} dim "
+            "and the patched dims, e.g. p.patches() or xr.DataArray(arr, dims=...)."
+        )
+
+    @staticmethod
+    def _locator(obj: xr.DataArray | xr.Dataset):
+        def locate(dim: Hashable, labels: np.ndarray, method: str | None) -> np.ndarray:
+            if dim not in obj.indexes:
+                raise DimensionError(
+                    f"AtLabels: dimension {dim!r} has no coordinate to look labels up in; "
+                    "give start indices with xpatch.Anchors instead."
+                )
+            positions = obj.indexes[dim].get_indexer(labels, method=method)
+            if (positions < 0).any():
+                missing = labels[positions < 0][:5].tolist()
+                raise GeometryError(
+                    f"AtLabels: label(s) {missing} not found along {dim!r}; pass labels of the "
+                    "coordinate, or method='nearest' to snap to the closest one."
+                )
+            return positions
+
+        return locate
+
+
+def patch(
+    obj: T,
+    size: Mapping[Hashable, int] | None = None,
+    stride: int | Mapping[Hashable, int] | None = None,
+    *,
+    boundary: Boundary = "shift",
+    window: WindowSpec | Mapping[Hashable, WindowSpec] = "boxcar",
+    sampler: Sampler | AtLabels | None = None,
+    min_valid: float | None = None,
+    pad_value: Any = None,
+    **size_kwargs: int,
+) -> Patcher[T]:
+    """Lay out patches over ``obj``: the functional form of ``obj.patch(...)``.
+
+    See :class:`Patcher` for the parameters.
+
+    Examples
+    --------
+    >>> import numpy as np, xarray as xr, xpatch
+    >>> da = xr.DataArray(np.zeros((256, 256)), dims=("y", "x"))
+    >>> len(xpatch.patch(da, y=32, x=32, stride=24, boundary="drop"))  # warns: 4032 cells uncovered
+    100
+    >>> len(xpatch.patch(da, y=32, x=32, stride=24))
+    121
+    """
+    return Patcher(
+        obj,
+        size,
+        stride,
+        boundary=boundary,
+        window=window,
+        sampler=sampler,
+        min_valid=min_valid,
+        pad_value=pad_value,
+        **size_kwargs,
+    )
