@@ -38,7 +38,8 @@ def check_pad_value(value: object, dtype: np.dtype) -> object:
     """Return a pad value that ``dtype`` can hold, or raise naming the fix."""
     if value is None:
         return default_pad_value(dtype)
-    converted = np.asarray(value).astype(dtype)
+    with np.errstate(invalid="ignore"):
+        converted = np.asarray(value).astype(dtype)
     if not np.array_equal(converted, np.asarray(value), equal_nan=True):
         raise OptionError(
             f"pad_value={value!r} cannot be stored in the array's dtype {dtype}; pass a value "

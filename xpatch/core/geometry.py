@@ -81,7 +81,10 @@ def axis_starts(
     """
     if boundary == "pad":
         count = -(-max(extent - size, 0) // stride) + 1
-        return np.arange(count, dtype=np.int64) * stride
+        starts = np.arange(count, dtype=np.int64) * stride
+        # With stride > size the last step can jump past the end: such a patch
+        # would hold padding only.
+        return starts[starts < extent]
     last = extent - size
     starts = np.arange(0, last + 1, stride, dtype=np.int64)
     if starts[-1] != last:

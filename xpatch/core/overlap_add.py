@@ -97,9 +97,9 @@ def accumulate_block(
     out_shape = (*lead, *block_shape)
     if weighted:
         total = np.zeros(out_shape, dtype=acc)
+        window = window.astype(acc.type(0).real.dtype, copy=False)
         # The weight sum has no lead axes until a NaN prediction makes it vary by lead.
         weight = np.zeros((1,) * len(lead) + tuple(block_shape), dtype=window.dtype)
-        window = window.astype(acc.type(0).real.dtype, copy=False)
     else:
         total = np.full(out_shape, np.nan, dtype=acc)
         combine = np.fmax if reduce == "max" else np.fmin
@@ -119,11 +119,12 @@ def accumulate_block(
             combine(total[block_index], values, out=total[block_index])
             continue
         w = window[patch_index]
-        nan = np.isnan(values) if can_be_nan else None
-        if nan is not None and nan.any():
+        # A sum is a cheap NaN test: it allocates nothing (inf - inf gives a false
+        # alarm, which only sends the patch down the exact masked path).
+        if can_be_nan and np.isnan(values.sum(dtype=acc)):
             if weight.shape != out_shape:
                 weight = np.broadcast_to(weight, out_shape).copy()
-            valid = ~nan
+            valid = ~np.isnan(values)
             total[block_index] += np.where(valid, values * w, 0)
             weight[block_index] += valid * w
         else:
@@ -131,11 +132,11 @@ def accumulate_block(
             weight[block_index] += w
     if not weighted:
         return total
-    covered = np.broadcast_to(weight > 0, out_shape)
+    covered = weight > 0
     if reduce == "mean":
-        with np.errstate(invalid="ignore", divide="ignore"):
-            total /= weight
-    total[~covered] = np.nan
+        np.divide(total, weight, out=total, where=covered)
+    if not covered.all():
+        total[~np.broadcast_to(covered, out_shape)] = np.nan
     return total
 
 

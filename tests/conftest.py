@@ -1,0 +1,49 @@
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import dask
+import numpy as np
+import pytest
+import xarray as xr
+from dask.callbacks import Callback
+
+
+class ComputeCounter(Callback):
+    """Counts every dask graph execution started while it is active."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.computes = 0
+
+    def _start(self, dsk) -> None:
+        self.computes += 1
+
+
+@contextlib.contextmanager
+def forbid_compute() -> Iterator[ComputeCounter]:
+    """Fail on any dask computation: a scheduler that raises, and a counter as well."""
+
+    def refuse(dsk, keys, **kwargs):
+        raise AssertionError(f"dask computed {len(dsk)} tasks where nothing should run")
+
+    with dask.config.set(scheduler=refuse), ComputeCounter() as counter:
+        yield counter
+    assert counter.computes == 0
+
+
+@pytest.fixture
+def scene() -> xr.DataArray:
+    rng = np.random.default_rng(42)
+    return xr.DataArray(
+        rng.normal(size=(3, 40, 50)),
+        dims=("band", "y", "x"),
+        coords={
+            "band": ["r", "g", "b"],
+            "y": 1000.0 - 10.0 * np.arange(40),
+            "x": 500.0 + 10.0 * np.arange(50),
+        },
+        attrs={"units": "reflectance"},
+        name="scene",
+    )

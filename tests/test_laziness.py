@@ -1,0 +1,111 @@
+"""Dask input stays lazy: building pipelines computes nothing; graphs follow chunks."""
+
+from __future__ import annotations
+
+import dask.array as dsa
+import numpy as np
+import pytest
+import xarray as xr
+
+import xpatch
+from tests.conftest import ComputeCounter, forbid_compute
+
+
+@pytest.fixture
+def lazy_scene() -> xr.DataArray:
+    data = dsa.random.default_rng(0).random((4, 512, 512), chunks=(4, 128, 128))
+    return xr.DataArray(data, dims=("band", "y", "x"))
+
+
+@pytest.mark.parametrize("boundary", ["shift", "pad"])
+@pytest.mark.parametrize("reduce", ["mean", "sum", "max"])
+def test_building_the_whole_pipeline_computes_nothing(lazy_scene, boundary, reduce):
+    with forbid_compute():
+        p = lazy_scene.patch(y=64, x=64, stride=48, window="hann", boundary=boundary)
+        len(p)
+        p.anchors()
+        p.weights()
+        first = p[0]
+        at = p.patch_at((10, 440))
+        patches = p.patches()
+        pred = np.tanh(patches) * 2
+        out = p.reconstruct(pred, reduce=reduce)
+    for result in (first, at, patches, out):
+        assert isinstance(result.data, dsa.Array)
+    with ComputeCounter() as counter:
+        computed = out.compute()
+    assert counter.computes == 1
+    assert isinstance(computed.data, np.ndarray)
+
+
+def test_patch_groups_follow_chunks_not_patches(lazy_scene):
+    # Groups are runs of consecutive patches anchored in one input chunk: one per
+    # row of patches and column of chunks, whatever the number of patches per chunk.
+    dense = lazy_scene.patch(y=64, x=64, stride=8)  # 57 x 57 patches
+    sparse = lazy_scene.patch(y=64, x=64, stride=48)  # 11 x 11 patches
+    assert dense.patches().data.numblocks[0] == 57 * 4
+    assert sparse.patches().data.numblocks[0] == 11 * 4
+    dense_tasks = len(dense.patches().data.__dask_graph__())
+    assert dense_tasks < len(dense) / 2
+
+
+def test_reconstruct_graph_has_one_task_per_output_block(lazy_scene):
+    p = lazy_scene.patch(y=64, x=64, stride=48, window="hann")
+    patches = p.patches()
+    out = p.reconstruct(patches)
+    layer = out.data.__dask_graph__().layers[out.data.name]
+    assert len(layer) == 16 + 1  # 4 x 4 output blocks, plus the window once
+    assert out.chunks == ((4,), (128,) * 4, (128,) * 4)
+    windows = [k for k in layer if "window" in str(k[0])]
+    assert len(windows) == 1
+
+
+def test_numpy_and_dask_give_the_same_patches_and_reconstruction(lazy_scene):
+    eager_scene = lazy_scene.compute()
+    for boundary in ("shift", "pad"):
+        kwargs = dict(y=70, x=50, stride={"y": 40, "x": 33}, window="tukey", boundary=boundary)
+        lp = lazy_scene.patch(**kwargs)
+        ep = eager_scene.patch(**kwargs)
+        np.testing.assert_array_equal(lp.patches().values, ep.patches().values)
+        np.testing.assert_array_equal(lp[5].values, ep[5].values)
+        np.testing.assert_allclose(
+            lp.reconstruct(lp.patches() ** 2).values, ep.reconstruct(ep.patches() ** 2).values
+        )
+
+
+def test_numpy_predictions_on_a_dask_patcher_and_vice_versa(lazy_scene):
+    p = lazy_scene.patch(y=64, x=64, stride=48)
+    eager_pred = p.patches().compute()
+    from_numpy = p.reconstruct(eager_pred)
+    assert isinstance(from_numpy.data, np.ndarray)
+    from_dask = p.reconstruct(eager_pred.chunk({"patch": 7}))
+    assert isinstance(from_dask.data, dsa.Array)
+    np.testing.assert_allclose(from_numpy.values, from_dask.values)
+
+
+def test_the_input_is_never_mutated():
+    values = np.random.default_rng(0).random((2, 20, 20))
+    keep = values.copy()
+    da = xr.DataArray(values, dims=("b", "y", "x"), coords={"y": np.arange(20.0)})
+    coords_before = da.y.values.copy()
+    p = da.patch(y=8, x=8, stride=5, window="hann", boundary="pad")
+    patch = p[0]
+    patch.values[:] = -1  # writing into a patch must not reach the input
+    patches = p.patches()
+    patches.values[:] = -2
+    p.reconstruct(patches)
+    p.reconstruct(patches, reduce="max")
+    np.testing.assert_array_equal(values, keep)
+    np.testing.assert_array_equal(da.y.values, coords_before)
+
+
+def test_patcher_is_immutable_and_pickles(lazy_scene):
+    import pickle
+
+    p = lazy_scene.patch(y=64, x=64, stride=48, window="hann")
+    with pytest.raises(AttributeError, match="immutable"):
+        p.boundary = "pad"
+    clone = pickle.loads(pickle.dumps(p))
+    np.testing.assert_array_equal(clone.anchors(), p.anchors())
+    np.testing.assert_array_equal(clone[3].values, p[3].values)
+    assert isinstance(clone, xpatch.Patcher)

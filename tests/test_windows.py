@@ -1,0 +1,75 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import xarray as xr
+
+import xpatch
+from xpatch.core.windows import make_window, window_1d
+
+WINDOWS = [
+    "boxcar",
+    "hann",
+    "triangular",
+    "tukey",
+    ("tukey", 0.2),
+    ("gaussian", 3.0),
+    "hamming",
+    "blackman",
+    "bartlett",
+    "bohman",
+    ("kaiser", 8.0),
+]
+
+
+@pytest.mark.parametrize("spec", WINDOWS, ids=str)
+@pytest.mark.parametrize("n", [1, 2, 7, 16])
+def test_every_window_is_strictly_positive_and_finite(spec, n):
+    w = window_1d(spec, n)
+    assert w.shape == (n,)
+    assert np.isfinite(w).all()
+    assert (w > 0).all()
+
+
+@pytest.mark.parametrize("spec", ["hann", "triangular"])
+def test_half_sample_windows_sum_to_a_constant_at_50_percent_overlap(spec):
+    w = window_1d(spec, 16)
+    np.testing.assert_allclose(w[:8] + w[8:], 1.0)
+
+
+def test_hann_is_symmetric_and_peaks_in_the_middle():
+    w = window_1d("hann", 9)
+    np.testing.assert_allclose(w, w[::-1])
+    assert w.argmax() == 4
+
+
+def test_separable_nd_window_is_the_outer_product():
+    w = make_window({"y": "hann", "x": "triangular"}, ["y", "x"], [4, 6])
+    np.testing.assert_allclose(w, np.outer(window_1d("hann", 4), window_1d("triangular", 6)))
+    assert make_window("hann", ["t", "y", "x"], [2, 3, 4]).shape == (2, 3, 4)
+
+
+def test_user_array_window_is_used_as_given():
+    da = xr.DataArray(np.random.default_rng(0).random((10, 10)), dims=("y", "x"))
+    user = np.linspace(1, 2, 16).reshape(4, 4)
+    p = da.patch(y=4, x=4, stride=2, window=user)
+    np.testing.assert_array_equal(p.weights().values, user)
+    np.testing.assert_allclose(p.reconstruct(p.patches()), da)
+
+
+@pytest.mark.parametrize(
+    ("window", "match"),
+    [
+        ("no-such-window", r"window='no-such-window' is not a window xpatch knows.*'hann'"),
+        ("gaussian", r"Gaussian window needs its width"),
+        (("tukey", 2.0), r"alpha must lie in \[0, 1\]"),
+        ("flattop", r"negative.*np.maximum"),
+        (np.zeros((4, 4)), r"zero, negative or non-finite.*np.maximum"),
+        (np.ones((3, 4)), r"shape \(3, 4\).*patch shape \(4, 4\)"),
+        ({"t": "hann"}, r"names dimension\(s\) \['t'\] that are not patched"),
+    ],
+)
+def test_bad_windows_raise_option_errors_that_name_the_fix(window, match):
+    da = xr.DataArray(np.zeros((8, 8)), dims=("y", "x"))
+    with pytest.raises(xpatch.OptionError, match=match):
+        da.patch(y=4, x=4, window=window)
