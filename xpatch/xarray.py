@@ -649,8 +649,12 @@ def patch(
     --------
     >>> import numpy as np, xarray as xr, xpatch
     >>> da = xr.DataArray(np.zeros((256, 256)), dims=("y", "x"))
-    >>> len(xpatch.patch(da, y=32, x=32, stride=24, boundary="drop"))  # warns: 4032 cells uncovered
-    100
+    >>> import warnings
+    >>> with warnings.catch_warnings(record=True) as caught:
+    ...     warnings.simplefilter("always")
+    ...     n = len(xpatch.patch(da, y=32, x=32, stride=24, boundary="drop"))
+    >>> n, caught[0].category.__name__
+    (100, 'UncoveredCellsWarning')
     >>> len(xpatch.patch(da, y=32, x=32, stride=24))
     121
     """
