@@ -1,7 +1,7 @@
 """The xarray layer: dims by name, coordinates and attributes around the core.
 
-:class:`Patcher` is the immutable patch layout that ``da.patch(...)`` returns.
-:func:`patch` is the same thing as a function.
+:class:`Patcher` is the immutable patch layout that ``da.patch(...)`` returns;
+``xpatch.patch(obj, ...)`` is its functional spelling.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from xpatch.core.overlap_add import (
     overlap_add,
     overlap_add_dask,
 )
-from xpatch.core.samplers import AtLabels, RegularGrid, Sampler
+from xpatch.core.samplers import AtLabels, RegularGrid, Sampler, anchor_array
 from xpatch.core.validity import window_sums
 from xpatch.core.windows import WindowSpec, make_window
 
@@ -131,6 +131,19 @@ class Patcher(Generic[T]):
     (4, [[0, 0], [0, 2], [2, 0], [2, 2]])
     >>> bool(p.reconstruct(p.patches()).equals(da))
     True
+
+    The functional form, and the seed recipe's layout (256 x 256, 32 x 32 patches,
+    stride 24): ``boundary="drop"`` leaves the remainder out and says so.
+
+    >>> import warnings
+    >>> scene = xr.DataArray(np.zeros((256, 256)), dims=("y", "x"))
+    >>> len(xpatch.patch(scene, y=32, x=32, stride=24))
+    121
+    >>> with warnings.catch_warnings(record=True) as caught:
+    ...     warnings.simplefilter("always")
+    ...     n = len(xpatch.patch(scene, y=32, x=32, stride=24, boundary="drop"))
+    >>> n, caught[0].category.__name__
+    (100, 'UncoveredCellsWarning')
     """
 
     __slots__ = (
@@ -423,16 +436,11 @@ class Patcher(Generic[T]):
         >>> da.patch(x=3).patch_at({"x": 4}).x.values.tolist()
         [40, 50, 60]
         """
-        if isinstance(anchor, Mapping):
-            missing = [d for d in self.dims if d not in anchor]
-            unknown = [d for d in anchor if d not in self.dims]
-            if missing or unknown:
-                raise DimensionError(
-                    f"anchor={dict(anchor)!r} must give a start for each patched dimension "
-                    f"{list(self.dims)!r}; missing {missing!r}, not patched {unknown!r}."
-                )
-            anchor = [anchor[d] for d in self.dims]
-        anchors = self._geometry.check_anchors(np.asarray([anchor]), "anchor")
+        if not isinstance(anchor, Mapping):
+            anchor = [anchor]
+        anchors = anchor_array(anchor, self._geometry, "anchor")
+        if len(anchors) != 1:
+            raise GeometryError(f"anchor={anchor!r} must be one start per patched dimension.")
         return self._cut(anchors, stacked=False)
 
     def patches(self) -> T:
@@ -629,43 +637,5 @@ class Patcher(Generic[T]):
         return locate
 
 
-def patch(
-    obj: T,
-    size: Mapping[Hashable, int] | None = None,
-    stride: int | Mapping[Hashable, int] | None = None,
-    *,
-    boundary: Boundary = "shift",
-    window: WindowSpec | Mapping[Hashable, WindowSpec] = "boxcar",
-    sampler: Sampler | AtLabels | None = None,
-    min_valid: float | None = None,
-    pad_value: Any = None,
-    **size_kwargs: int,
-) -> Patcher[T]:
-    """Lay out patches over ``obj``: the functional form of ``obj.patch(...)``.
-
-    See :class:`Patcher` for the parameters.
-
-    Examples
-    --------
-    >>> import numpy as np, xarray as xr, xpatch
-    >>> da = xr.DataArray(np.zeros((256, 256)), dims=("y", "x"))
-    >>> import warnings
-    >>> with warnings.catch_warnings(record=True) as caught:
-    ...     warnings.simplefilter("always")
-    ...     n = len(xpatch.patch(da, y=32, x=32, stride=24, boundary="drop"))
-    >>> n, caught[0].category.__name__
-    (100, 'UncoveredCellsWarning')
-    >>> len(xpatch.patch(da, y=32, x=32, stride=24))
-    121
-    """
-    return Patcher(
-        obj,
-        size,
-        stride,
-        boundary=boundary,
-        window=window,
-        sampler=sampler,
-        min_valid=min_valid,
-        pad_value=pad_value,
-        **size_kwargs,
-    )
+#: The functional form of ``obj.patch(...)``: ``xpatch.patch(obj, size, stride, ...)``.
+patch = Patcher

@@ -14,6 +14,7 @@ from typing import Literal, get_args
 
 import numpy as np
 
+from xpatch.core.checks import check_choice, check_patched_dims
 from xpatch.core.errors import GeometryError, OptionError
 
 Boundary = Literal["shift", "pad", "drop", "raise"]
@@ -44,12 +45,7 @@ def as_positive_int(value: object, argument: str) -> int:
 
 def check_boundary(boundary: object) -> Boundary:
     """Return ``boundary`` if it is a known mode, else raise listing the valid ones."""
-    if boundary not in BOUNDARIES:
-        raise OptionError(
-            f"boundary={boundary!r} is not a known boundary mode; "
-            f"choose one of {', '.join(map(repr, BOUNDARIES))}."
-        )
-    return boundary  # type: ignore[return-value]
+    return check_choice("boundary", boundary, BOUNDARIES)  # type: ignore[return-value]
 
 
 def axis_starts(
@@ -174,12 +170,7 @@ class Geometry:
         if stride is None:
             strides = sizes
         elif isinstance(stride, Mapping):
-            unknown = [d for d in stride if d not in shape]
-            if unknown:
-                raise OptionError(
-                    f"stride names dimension(s) {unknown!r} that are not patched; "
-                    f"the patched dimensions are {list(dims)!r}."
-                )
+            check_patched_dims("stride", stride, dims, OptionError)
             strides = tuple(
                 as_positive_int(stride.get(d, s), f"stride[{d!r}]") for d, s in zip(dims, sizes)
             )

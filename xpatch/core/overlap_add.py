@@ -21,7 +21,7 @@ import numpy as np
 from dask.base import tokenize
 from dask.highlevelgraph import HighLevelGraph
 
-from xpatch.core.errors import OptionError
+from xpatch.core.checks import check_choice
 
 Reduction = Literal["mean", "sum", "max", "min"]
 REDUCTIONS: tuple[str, ...] = get_args(Reduction)
@@ -29,12 +29,7 @@ REDUCTIONS: tuple[str, ...] = get_args(Reduction)
 
 def check_reduction(reduce: object) -> Reduction:
     """Return ``reduce`` if it is known, else raise listing the valid ones."""
-    if reduce not in REDUCTIONS:
-        raise OptionError(
-            f"reduce={reduce!r} is not a known reduction; choose one of "
-            f"{', '.join(map(repr, REDUCTIONS))}."
-        )
-    return reduce  # type: ignore[return-value]
+    return check_choice("reduce", reduce, REDUCTIONS)  # type: ignore[return-value]
 
 
 def accumulation_dtype(dtype: np.dtype) -> np.dtype:

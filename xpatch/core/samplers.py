@@ -14,6 +14,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
 
+from xpatch.core.checks import check_patched_dims
 from xpatch.core.errors import DimensionError, OptionError
 from xpatch.core.geometry import Geometry, as_positive_int
 
@@ -50,12 +51,7 @@ class RegularGrid:
 
 def _per_dim(value: int | Mapping[Hashable, int], geometry: Geometry, argument: str) -> np.ndarray:
     if isinstance(value, Mapping):
-        unknown = [d for d in value if d not in geometry.dims]
-        if unknown:
-            raise DimensionError(
-                f"{argument} names dimension(s) {unknown!r} that are not patched; "
-                f"the patched dimensions are {list(geometry.dims)!r}."
-            )
+        check_patched_dims(argument, value, geometry.dims)
         return np.array([value.get(d, 0) for d in geometry.dims], dtype=np.int64)
     return np.full(geometry.ndim, value, dtype=np.int64)
 
@@ -158,24 +154,36 @@ class Anchors:
 
     def anchors(self, geometry: Geometry) -> np.ndarray:
         """Return the validated anchors."""
-        indices = self.indices
-        if isinstance(indices, Mapping):
-            missing = [d for d in geometry.dims if d not in indices]
-            unknown = [d for d in indices if d not in geometry.dims]
-            if missing or unknown:
-                raise DimensionError(
-                    f"Anchors({{...}}) must give starts for exactly the patched dimensions "
-                    f"{list(geometry.dims)!r}; missing {missing!r}, not patched {unknown!r}."
-                )
-            columns = [np.asarray(indices[d]).ravel() for d in geometry.dims]
-            if len({len(c) for c in columns}) > 1:
-                raise OptionError(
-                    "Anchors({...}) got sequences of different lengths "
-                    f"{ {d: len(c) for d, c in zip(geometry.dims, columns)} }; give one start "
-                    "per patch for every dim."
-                )
-            indices = np.stack(columns, axis=1)
-        return geometry.check_anchors(indices, "Anchors(indices)")
+        return anchor_array(self.indices, geometry, "Anchors(indices)")
+
+
+def anchor_array(indices: Any, geometry: Geometry, argument: str) -> np.ndarray:
+    """Validate anchors given as ``(n, ndim)`` integers or ``{dim: starts}``.
+
+    Examples
+    --------
+    >>> g = Geometry.build({"y": 10, "x": 10}, {"y": 4, "x": 4}, None, "shift")
+    >>> anchor_array({"y": 2, "x": 3}, g, "anchor").tolist()
+    [[2, 3]]
+    """
+    if isinstance(indices, Mapping):
+        missing = [d for d in geometry.dims if d not in indices]
+        unknown = [d for d in indices if d not in geometry.dims]
+        if missing or unknown:
+            raise DimensionError(
+                f"{argument}={dict(indices)!r} must give starts for exactly the patched "
+                f"dimensions {list(geometry.dims)!r}; missing {missing!r}, not patched "
+                f"{unknown!r}."
+            )
+        columns = [np.asarray(indices[d]).ravel() for d in geometry.dims]
+        if len({len(c) for c in columns}) > 1:
+            raise OptionError(
+                f"{argument} got sequences of different lengths "
+                f"{ {d: len(c) for d, c in zip(geometry.dims, columns)} }; give one start "
+                "per patch for every dim."
+            )
+        indices = np.stack(columns, axis=1)
+    return geometry.check_anchors(indices, argument)
 
 
 @dataclass(frozen=True)

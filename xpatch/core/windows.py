@@ -15,6 +15,7 @@ from typing import Any, TypeAlias
 import numpy as np
 import scipy.signal
 
+from xpatch.core.checks import check_patched_dims
 from xpatch.core.errors import OptionError
 
 WindowSpec: TypeAlias = str | tuple[Any, ...] | float | np.ndarray
@@ -146,12 +147,7 @@ def make_window(
                 f"{shape} or a mapping {{dim: 1-D spec}}."
             )
     if isinstance(spec, Mapping):
-        unknown = [d for d in spec if d not in dims]
-        if unknown:
-            raise OptionError(
-                f"window names dimension(s) {unknown!r} that are not patched; "
-                f"the patched dimensions are {list(dims)!r}."
-            )
+        check_patched_dims("window", spec, dims, OptionError)
         per_axis = [window_1d(spec.get(d, "boxcar"), n) for d, n in zip(dims, shape)]
     else:
         per_axis = [window_1d(spec, n) for n in shape]
