@@ -85,6 +85,8 @@ def test_anchors_and_weights_are_labelled_copies(scene):
     assert weights.shape == (16, 20)
     weights[:] = 0
     assert float(p.weights().min()) > 0
+    assert p.window == "hann"
+    assert (p.size, p.stride, p.boundary) == ({"y": 16, "x": 20}, {"y": 12, "x": 12}, "shift")
 
 
 def test_accessor_methods_forward(scene):

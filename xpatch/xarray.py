@@ -283,6 +283,11 @@ class Patcher(Generic[T]):
         return self._geometry.boundary
 
     @property
+    def window(self) -> WindowSpec | Mapping[Hashable, WindowSpec]:
+        """The window spec as given (see :meth:`weights` for its values)."""
+        return self._window_spec
+
+    @property
     def geometry(self) -> Geometry:
         """The core geometry (sizes, strides, boundary) in axis terms."""
         return self._geometry
