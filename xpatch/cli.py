@@ -150,9 +150,7 @@ class DemoResult:
     scene
         The (lazy) input scene.
     patcher
-        The patch layout over the scene.
-    window
-        The blending window it was built with.
+        The patch layout over the scene (its ``window`` is the blending window).
     patch_tasks, reconstruct_tasks
         Tasks in the graphs of ``p.patches()`` and of the reconstructed model output.
     tasks_run
@@ -171,7 +169,6 @@ class DemoResult:
 
     scene: xr.DataArray
     patcher: xpatch.Patcher
-    window: str
     patch_tasks: int
     reconstruct_tasks: int
     tasks_run: int
@@ -239,7 +236,6 @@ def run_demo(
     return DemoResult(
         scene=scene,
         patcher=p,
-        window=window,
         patch_tasks=len(patches.data.__dask_graph__()),
         reconstruct_tasks=len(scores.data.__dask_graph__()),
         tasks_run=counter.count,
@@ -281,7 +277,7 @@ def format_summary(result: DemoResult) -> str:
         f"  scene       {scene.name} ({_sizes(dict(scene.sizes))}) {scene.dtype}",
         f"  chunks      ({_sizes(chunk_sizes)}), {n_chunks} chunk{plural}",
         f"  patches     {len(p)} patches of {size}, stride {stride}, "
-        f"window {result.window!r}, boundary {p.boundary!r}",
+        f"window {p.window!r}, boundary {p.boundary!r}",
         f"  dask tasks  patches() {result.patch_tasks}, reconstructed model output "
         f"{result.reconstruct_tasks}; {result.tasks_run} run to check both, "
         f"{result.tasks_run_while_building} while building",
