@@ -12,9 +12,12 @@ reaches are NaN.
 
 from __future__ import annotations
 
+import functools
 import itertools
+import os
 from collections.abc import Sequence
-from typing import Literal, get_args
+from concurrent.futures import ThreadPoolExecutor
+from typing import Literal, NamedTuple, get_args
 
 import dask.array as da
 import numpy as np
@@ -22,6 +25,7 @@ from dask.base import tokenize
 from dask.highlevelgraph import HighLevelGraph
 
 from xpatch.core.checks import check_choice
+from xpatch.core.windows import separable_factors
 
 Reduction = Literal["mean", "sum", "max", "min"]
 REDUCTIONS: tuple[str, ...] = get_args(Reduction)
@@ -46,34 +50,343 @@ def accumulation_dtype(dtype: np.dtype) -> np.dtype:
     return np.dtype(np.float64)
 
 
-def accumulate_block(
+class BlendWindow(NamedTuple):
+    """A blending window and, when it is separable, its 1-D factors.
+
+    Built once per patcher and put into a dask graph once, so block tasks do not
+    refactor the window each time.
+    """
+
+    values: np.ndarray
+    factors: tuple[np.ndarray, ...] | None
+
+    @classmethod
+    def of(cls, window: np.ndarray | BlendWindow) -> BlendWindow:
+        """Wrap a window array (a BlendWindow is returned as is)."""
+        if isinstance(window, BlendWindow):
+            return window
+        window = np.asarray(window)
+        return cls(window, separable_factors(window))
+
+
+class _Placement(NamedTuple):
+    """Where one patch lands in a block."""
+
+    group: int
+    row: int
+    anchor: tuple[int, ...]
+    block_index: tuple[slice, ...]
+    patch_index: tuple[slice, ...]
+
+
+def _placements(
     origin: Sequence[int],
     block_shape: Sequence[int],
-    anchors: np.ndarray,
-    predictions: np.ndarray,
-    window: np.ndarray,
+    anchor_groups: Sequence[np.ndarray],
+    size: Sequence[int],
+) -> list[_Placement]:
+    """List the patches that touch a block, in lexicographic order of their anchors."""
+    origin = np.asarray(origin, dtype=np.int64)
+    end = origin + np.asarray(block_shape, dtype=np.int64)
+    o = origin.tolist()
+    placements = []
+    for g, anchors in enumerate(anchor_groups):
+        lo = np.maximum(anchors, origin)
+        hi = np.minimum(anchors + np.asarray(size), end)
+        rows = np.flatnonzero((hi > lo).all(axis=1))
+        for i, a, lo_i, hi_i in zip(
+            rows.tolist(), anchors[rows].tolist(), lo[rows].tolist(), hi[rows].tolist()
+        ):
+            placements.append(
+                _Placement(
+                    g,
+                    i,
+                    tuple(a),
+                    tuple(slice(x - b, y - b) for x, y, b in zip(lo_i, hi_i, o)),
+                    tuple(slice(x - s, y - s) for x, y, s in zip(lo_i, hi_i, a)),
+                )
+            )
+    placements.sort(key=lambda p: p.anchor)
+    return placements
+
+
+def _is_product(anchors: Sequence[tuple[int, ...]], k: int) -> bool:
+    """Whether the anchors are exactly the cartesian product of their per-axis starts."""
+    if not anchors:
+        return False
+    count = 1
+    for j in range(k):
+        count *= len({a[j] for a in anchors})
+        if count > len(anchors):
+            return False
+    return count == len(anchors) == len(set(anchors))
+
+
+class _BlockWeights:
+    """The weights of the patches that touch one block, from geometry alone.
+
+    The total weight Σw of a cell depends only on the anchors and the window, never
+    on the data. When the window is separable and the anchors form a product grid
+    (every regular grid does, and so does any box cut out of one), Σw is the outer
+    product of per-axis sums; ``"mean"`` then folds 1/Σw into per-axis weight
+    vectors, so each patch costs one multiply (and one add where it overlaps an
+    earlier patch) and there is no division pass. Otherwise Σw is summed over the
+    block, one window per patch.
+    """
+
+    def __init__(
+        self,
+        origin: Sequence[int],
+        block_shape: Sequence[int],
+        placements: Sequence[_Placement],
+        window: BlendWindow,
+        dtype: np.dtype,
+        normalise: bool,
+    ) -> None:
+        self.origin = [int(o) for o in origin]
+        self.block_shape = tuple(int(s) for s in block_shape)
+        self.window = window.values.astype(dtype, copy=False)
+        self.dtype = dtype
+        k = len(self.block_shape)
+        anchors = [p.anchor for p in placements]
+        self.separable = window.factors is not None and _is_product(anchors, k)
+        self.normalised = normalise and self.separable
+        self._cache: dict[tuple[int, ...], np.ndarray] = {}
+        if self.separable:
+            starts = [sorted({a[j] for a in anchors}) for j in range(k)]
+            self._axis_sums = [
+                self._axis_sum(j, s, f) for j, (s, f) in enumerate(zip(starts, window.factors))
+            ]
+            self._patterns = [
+                self._axis_patterns(j, s, f) for j, (s, f) in enumerate(zip(starts, window.factors))
+            ]
+            self.factors = window.factors
+            self.starts = [np.asarray(s, dtype=np.int64) for s in starts]
+        else:
+            self._total = np.zeros(self.block_shape, dtype=np.float64)
+            for p in placements:
+                self._total[p.block_index] += window.values[p.patch_index]
+
+    def _axis_sum(self, axis: int, starts: Sequence[int], factor: np.ndarray) -> np.ndarray:
+        total = np.zeros(self.block_shape[axis], dtype=np.float64)
+        o = self.origin[axis]
+        for s in starts:
+            lo, hi = max(s, o), min(s + len(factor), o + len(total))
+            total[lo - o : hi - o] += factor[lo - s : hi - s]
+        return total
+
+    def _axis_patterns(self, axis: int, starts: Sequence[int], factor: np.ndarray) -> dict:
+        """Per start, an id and the 1-D weights it contributes (deduplicated)."""
+        o, n = self.origin[axis], self.block_shape[axis]
+        ids: dict[tuple[int, bytes], int] = {}
+        patterns = {}
+        for s in starts:
+            lo, hi = max(s, o), min(s + len(factor), o + n)
+            line = factor[lo - s : hi - s]
+            if self.normalised:
+                line = line / self._axis_sums[axis][lo - o : hi - o]
+            line = line.astype(self.dtype)
+            patterns[s] = (ids.setdefault((lo - s, line.tobytes()), len(ids)), line)
+        return patterns
+
+    def patch_weight(self, placement: _Placement) -> np.ndarray:
+        """Return the weights a patch adds to the block (normalised if ``normalised``)."""
+        if not self.separable:
+            return self.window[placement.patch_index]
+        lines = [self._patterns[j][s] for j, s in enumerate(placement.anchor)]
+        key = tuple(line_id for line_id, _ in lines)
+        weight = self._cache.get(key)
+        if weight is None:
+            weight = functools.reduce(np.multiply.outer, [line for _, line in lines])
+            self._cache[key] = weight
+        return weight
+
+    def fresh_offsets(self, placements: Sequence[_Placement]) -> list[list[int]]:
+        """Per patch and axis, where its cells no earlier patch reached begin.
+
+        Offsets are within the patch's slice of the block. Along an axis, cells
+        past the end of the previous start's patch are reached by no patch with a
+        smaller start; with patches in lexicographic order of their anchors (and a
+        product grid), cells past that end on every axis are reached by no earlier
+        patch at all.
+        """
+        anchors = np.array([p.anchor for p in placements], dtype=np.int64)
+        offsets = np.zeros_like(anchors)
+        for j, (factor, starts) in enumerate(zip(self.factors, self.starts)):
+            column = anchors[:, j]
+            position = np.searchsorted(starts, column)
+            previous_end = np.where(position > 0, starts[position - 1] + len(factor), column)
+            lo = np.maximum(column, self.origin[j])
+            extent = np.minimum(column + len(factor), self.origin[j] + self.block_shape[j]) - lo
+            offsets[:, j] = np.clip(previous_end - lo, 0, extent)
+        return offsets.tolist()
+
+    def total(self) -> np.ndarray:
+        """Σw over the block (float64)."""
+        if self.separable:
+            return functools.reduce(np.multiply.outer, self._axis_sums)
+        return self._total
+
+    def covers_all(self) -> bool:
+        """Whether every cell of the block is covered by at least one patch."""
+        if self.separable:
+            return all(bool((s > 0).all()) for s in self._axis_sums)
+        return bool((self._total > 0).all())
+
+    def covered(self) -> np.ndarray:
+        """Cells of the block that at least one patch covers."""
+        if self.separable:
+            return functools.reduce(np.logical_and.outer, [s > 0 for s in self._axis_sums])
+        return self._total > 0
+
+
+def accumulate_groups(
+    origin: Sequence[int],
+    block_shape: Sequence[int],
+    anchor_groups: Sequence[np.ndarray],
+    prediction_groups: Sequence[np.ndarray],
+    window: np.ndarray | BlendWindow,
     reduce: Reduction,
+    template: np.ndarray,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
     """Reduce every patch that touches one output block into that block.
+
+    Groups are read in place, never copied or concatenated: the memory of a call
+    is the block plus the groups it is given.
 
     Parameters
     ----------
     origin, block_shape
         Start and extent of the block along the patched axes.
-    anchors
-        ``(n, k)`` anchors of the patches in ``predictions``.
-    predictions
-        ``(n, *lead, *patch)`` per-patch values.
+    anchor_groups, prediction_groups
+        Groups of patches: ``(n_g, k)`` anchors and ``(n_g, *lead, *patch)`` values.
     window
         Blending window of the patch shape (used by ``"mean"`` and ``"sum"``).
     reduce
         ``"mean"`` (Σ w·x / Σ w), ``"sum"`` (Σ w·x), ``"max"`` or ``"min"``.
+    template
+        A ``(0, *lead, *patch)`` array giving lead shape and dtype when no group
+        touches the block.
+    out
+        Where to write the block (``(*lead, *block_shape)``, accumulation dtype);
+        a new array by default. Its previous content is ignored.
 
     Returns
     -------
     numpy.ndarray
         ``(*lead, *block_shape)`` in the accumulation dtype; NaN where nothing
         valid landed.
+    """
+    window = BlendWindow.of(window)
+    k = len(block_shape)
+    lead = template.shape[1 : template.ndim - k]
+    acc = accumulation_dtype(template.dtype)
+    out_shape = (*lead, *(int(s) for s in block_shape))
+    if out is None:
+        out = np.empty(out_shape, dtype=acc)
+    placements = _placements(origin, block_shape, anchor_groups, window.values.shape)
+    lead_index = (slice(None),) * len(lead)
+    if reduce in ("max", "min"):
+        out.fill(np.nan)
+        combine = np.fmax if reduce == "max" else np.fmin
+        for p in placements:
+            region = out[lead_index + p.block_index]
+            values = prediction_groups[p.group][(p.row, *lead_index, *p.patch_index)]
+            combine(region, values, out=region)
+        return out
+    real = np.empty(0, dtype=acc).real.dtype
+    weights = _BlockWeights(origin, block_shape, placements, window, real, reduce == "mean")
+    if weights.separable:
+        _add_fresh_first(out, weights, placements, prediction_groups, lead_index)
+    else:
+        out.fill(0)
+        scratch = np.empty((*lead, *window.values.shape), dtype=acc)
+        for p in placements:
+            values = prediction_groups[p.group][(p.row, *lead_index, *p.patch_index)]
+            _add_product(out[lead_index + p.block_index], values, weights.patch_weight(p), scratch)
+    everywhere = weights.covers_all()
+    covered = None if everywhere else weights.covered()
+    if np.issubdtype(acc, np.inexact) and np.isnan(out if everywhere else out[..., covered]).any():
+        # Rare: some prediction holds NaN. Redo the block with per-cell validity so
+        # NaN values are skipped rather than spread.
+        return _accumulate_masked(out, weights, placements, prediction_groups, reduce)
+    if not weights.normalised and reduce == "mean":
+        with np.errstate(invalid="ignore", divide="ignore"):  # uncovered cells become NaN below
+            np.divide(out, weights.total(), out=out)
+    if not everywhere:
+        out[..., ~covered] = np.nan
+    return out
+
+
+def _add_product(region: np.ndarray, values: np.ndarray, weight: np.ndarray, scratch) -> None:
+    """``region += values * weight`` through a reused scratch buffer (no temporaries)."""
+    product = scratch[tuple(slice(0, n) for n in region.shape)]
+    np.multiply(values, weight, out=product)
+    np.add(region, product, out=region)
+
+
+def _add_fresh_first(out, weights, placements, prediction_groups, lead_index) -> None:
+    """Separable weights: write each patch's fresh cells, add the rest.
+
+    Patches arrive in lexicographic order of their anchors, so the cells of a
+    patch that no earlier patch reached (:meth:`_BlockWeights.fresh_offsets`) are
+    written (``out = x·w``) instead of added, which spares zeroing the block and a
+    read-add pass over most of it.
+    """
+    lead = out.shape[: len(lead_index)]
+    scratch = np.empty((*lead, *weights.window.shape), dtype=out.dtype)
+    if not weights.covers_all():
+        out[..., ~weights.covered()] = 0
+    if not placements:
+        return
+    for p, offsets in zip(placements, weights.fresh_offsets(placements)):
+        values = prediction_groups[p.group][(p.row, *lead_index, *p.patch_index)]
+        weight = weights.patch_weight(p)
+        region = out[lead_index + p.block_index]
+        fresh = tuple(slice(off, None) for off in offsets)
+        np.multiply(values[lead_index + fresh], weight[fresh], out=region[lead_index + fresh])
+        # The already-reached cells: box j is fresh before axis j, stale on axis j.
+        for j, off in enumerate(offsets):
+            if off == 0:
+                continue
+            box = (*fresh[:j], slice(0, off), *(slice(None),) * (len(offsets) - j - 1))
+            _add_product(region[lead_index + box], values[lead_index + box], weight[box], scratch)
+
+
+def _accumulate_masked(
+    out: np.ndarray,
+    weights: _BlockWeights,
+    placements: Sequence[_Placement],
+    prediction_groups: Sequence[np.ndarray],
+    reduce: Reduction,
+) -> np.ndarray:
+    k = len(weights.block_shape)
+    lead_index = (slice(None),) * (out.ndim - k)
+    out.fill(0)
+    weight = np.zeros(out.shape, dtype=weights.window.dtype)
+    for p in placements:
+        values = prediction_groups[p.group][(p.row, *lead_index, *p.patch_index)]
+        w = weights.window[p.patch_index]
+        valid = ~np.isnan(values)
+        out[lead_index + p.block_index] += np.where(valid, values * w, 0)
+        weight[lead_index + p.block_index] += valid * w
+    covered = weight > 0
+    if reduce == "mean":
+        np.divide(out, weight, out=out, where=covered)
+    out[~covered] = np.nan
+    return out
+
+
+def accumulate_block(
+    origin: Sequence[int],
+    block_shape: Sequence[int],
+    anchors: np.ndarray,
+    predictions: np.ndarray,
+    window: np.ndarray | BlendWindow,
+    reduce: Reduction,
+) -> np.ndarray:
+    """Reduce one group of patches into one output block (see :func:`accumulate_groups`).
 
     Examples
     --------
@@ -81,68 +394,42 @@ def accumulate_block(
     >>> accumulate_block([0], [3], np.array([[0], [1]]), preds, np.ones(2), "mean").tolist()
     [1.0, 2.0, 3.0]
     """
-    k = len(block_shape)
-    origin = np.asarray(origin, dtype=np.int64)
-    block_end = origin + np.asarray(block_shape, dtype=np.int64)
-    size = np.asarray(window.shape, dtype=np.int64)
-    lead = predictions.shape[1 : predictions.ndim - k]
-    acc = accumulation_dtype(predictions.dtype)
-    can_be_nan = np.issubdtype(predictions.dtype, np.inexact)
-    weighted = reduce in ("mean", "sum")
-    out_shape = (*lead, *block_shape)
-    if weighted:
-        total = np.zeros(out_shape, dtype=acc)
-        window = window.astype(acc.type(0).real.dtype, copy=False)
-        # The weight sum has no lead axes until a NaN prediction makes it vary by lead.
-        weight = np.zeros((1,) * len(lead) + tuple(block_shape), dtype=window.dtype)
-    else:
-        total = np.full(out_shape, np.nan, dtype=acc)
-        combine = np.fmax if reduce == "max" else np.fmin
-    lo = np.maximum(anchors, origin)
-    hi = np.minimum(anchors + size, block_end)
-    touching = np.flatnonzero((hi > lo).all(axis=1))
-    lead_index = (slice(None),) * len(lead)
-    for i in touching:
-        block_index = lead_index + tuple(
-            slice(start - o, stop - o) for start, stop, o in zip(lo[i], hi[i], origin)
-        )
-        patch_index = tuple(
-            slice(start - a, stop - a) for start, stop, a in zip(lo[i], hi[i], anchors[i])
-        )
-        values = predictions[(i, *lead_index, *patch_index)]
-        if not weighted:
-            combine(total[block_index], values, out=total[block_index])
-            continue
-        w = window[patch_index]
-        # A sum is a cheap NaN test: it allocates nothing (inf - inf gives a false
-        # alarm, which only sends the patch down the exact masked path).
-        if can_be_nan and np.isnan(values.sum(dtype=acc)):
-            if weight.shape != out_shape:
-                weight = np.broadcast_to(weight, out_shape).copy()
-            valid = ~np.isnan(values)
-            total[block_index] += np.where(valid, values * w, 0)
-            weight[block_index] += valid * w
-        else:
-            total[block_index] += values * w
-            weight[block_index] += w
-    if not weighted:
-        return total
-    covered = weight > 0
-    if reduce == "mean":
-        np.divide(total, weight, out=total, where=covered)
-    if not covered.all():
-        total[~np.broadcast_to(covered, out_shape)] = np.nan
-    return total
+    return accumulate_groups(
+        origin, block_shape, [anchors], [predictions], window, reduce, predictions[:0]
+    )
+
+
+#: Below this many prediction bytes the eager path stays on one thread.
+PARALLEL_BYTES = 8 * 2**20
+
+
+def _worker_count() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
 
 
 def overlap_add(
     predictions: np.ndarray,
     anchors: np.ndarray,
     grid_shape: Sequence[int],
-    window: np.ndarray,
+    window: np.ndarray | BlendWindow,
     reduce: Reduction = "mean",
+    *,
+    threads: int | None = None,
 ) -> np.ndarray:
     """Reconstruct numpy predictions onto the whole grid (eager).
+
+    The grid is cut into bands along its first axis, one per thread; numpy
+    releases the GIL, so the bands accumulate in parallel into one output.
+
+    Parameters
+    ----------
+    predictions, anchors, grid_shape, window, reduce
+        As for :func:`accumulate_groups`, with the whole grid as the block.
+    threads
+        Number of threads; default: the usable cores (one thread for small inputs).
 
     Examples
     --------
@@ -150,15 +437,37 @@ def overlap_add(
     >>> overlap_add(preds, np.array([[0], [2]]), [6], np.ones(3)).tolist()
     [1.0, 1.0, 1.0, 1.0, 1.0, nan]
     """
-    return accumulate_block([0] * len(grid_shape), grid_shape, anchors, predictions, window, reduce)
+    window = BlendWindow.of(window)
+    grid_shape = [int(n) for n in grid_shape]
+    template = predictions[:0]
+    lead = predictions.shape[1 : predictions.ndim - len(grid_shape)]
+    out = np.empty((*lead, *grid_shape), dtype=accumulation_dtype(predictions.dtype))
+    if threads is None:
+        threads = _worker_count() if predictions.nbytes >= PARALLEL_BYTES else 1
+    edges = np.linspace(0, grid_shape[0], max(1, min(threads, grid_shape[0])) + 1).astype(int)
+    bands = [(int(lo), int(hi)) for lo, hi in itertools.pairwise(edges.tolist())]
+    lead_index = (slice(None),) * len(lead)
+
+    def accumulate_band(band: tuple[int, int]) -> None:
+        lo, hi = band
+        origin = [lo] + [0] * (len(grid_shape) - 1)
+        shape = [hi - lo, *grid_shape[1:]]
+        view = out[(*lead_index, slice(lo, hi))]
+        accumulate_groups(
+            origin, shape, [anchors], [predictions], window, reduce, template, out=view
+        )
+
+    if len(bands) == 1:
+        accumulate_band(bands[0])
+    else:
+        with ThreadPoolExecutor(len(bands)) as pool:
+            list(pool.map(accumulate_band, bands))
+    return out
 
 
-def _block_task(origin, block_shape, empty, window, reduce, anchor_groups, *prediction_groups):
-    # `empty` is a (0, *lead, *patch) array: it carries lead shape and dtype for
-    # blocks that no patch touches.
-    predictions = np.concatenate([empty, *prediction_groups], axis=0)
-    anchors = np.concatenate([np.empty((0, len(block_shape)), np.int64), *anchor_groups])
-    return accumulate_block(origin, block_shape, anchors, predictions, window, reduce)
+def _block_task(origin, block_shape, template_shape, dtype, window, reduce, anchor_groups, *groups):
+    template = np.empty((0, *template_shape), dtype=dtype)
+    return accumulate_groups(origin, block_shape, anchor_groups, groups, window, reduce, template)
 
 
 def overlap_add_dask(
@@ -166,72 +475,73 @@ def overlap_add_dask(
     anchors: np.ndarray,
     grid_shape: Sequence[int],
     grid_chunks: Sequence[Sequence[int]],
-    window: np.ndarray,
+    window: np.ndarray | BlendWindow,
     reduce: Reduction = "mean",
 ) -> da.Array:
     """Reconstruct dask predictions lazily, one task per output block.
 
-    Each output block (``grid_chunks`` along the patched axes, the lead axes whole)
-    is computed by one task from the prediction chunks (groups of patches along
-    axis 0) whose patches touch it. The window enters the graph once.
+    Each output block (``grid_chunks`` along the patched axes, the prediction's
+    chunks along the lead axes) is one task that adds the prediction chunks
+    (groups of patches along axis 0) whose patches touch it, group after group.
+    The total weight comes from the anchors and the window alone; the window
+    enters the graph once.
 
     Parameters
     ----------
     predictions
-        ``(n, *lead, *patch)`` dask array; it is rechunked to whole patches.
+        ``(n, *lead, *patch)`` dask array; its patched axes are made whole.
     anchors
         ``(n, k)`` anchors.
     grid_shape, grid_chunks
         Shape of the output grid and its chunks along the patched axes.
     window, reduce
-        As for :func:`accumulate_block`.
+        As for :func:`accumulate_groups`.
     """
     k = len(grid_shape)
-    lead_shape = predictions.shape[1 : predictions.ndim - k]
-    predictions = predictions.rechunk({ax: -1 for ax in range(1, predictions.ndim)})
-    group_ends = np.cumsum(predictions.chunks[0])
-    group_starts = group_ends - np.asarray(predictions.chunks[0])
-    size = np.asarray(window.shape)
+    n_lead = predictions.ndim - 1 - k
+    window = BlendWindow.of(window)
+    predictions = predictions.rechunk({ax: -1 for ax in range(1 + n_lead, predictions.ndim)})
+    group_ends = np.cumsum(predictions.chunks[0]).astype(np.int64)
+    group_starts = group_ends - np.asarray(predictions.chunks[0], dtype=np.int64)
+    size = np.asarray(window.values.shape)
+    anchor_groups = [anchors[s:e] for s, e in zip(group_starts, group_ends)]
     group_lo = np.array(
-        [
-            anchors[s:e].min(axis=0) if e > s else np.full(k, 2**62)
-            for s, e in zip(group_starts, group_ends)
-        ]
+        [a.min(axis=0) if len(a) else np.full(k, 2**62) for a in anchor_groups]
     ).reshape(-1, k)
     group_hi = np.array(
-        [
-            anchors[s:e].max(axis=0) + size if e > s else np.full(k, -1)
-            for s, e in zip(group_starts, group_ends)
-        ]
+        [a.max(axis=0) + size if len(a) else np.full(k, -1) for a in anchor_groups]
     ).reshape(-1, k)
 
     acc = accumulation_dtype(predictions.dtype)
-    token = tokenize(predictions, anchors, grid_shape, grid_chunks, window, reduce)
+    token = tokenize(predictions, anchors, grid_shape, grid_chunks, window.values, reduce)
     name = f"xpatch-overlap-add-{token}"
     window_key = (f"xpatch-window-{token}",)
     layer: dict = {window_key: window}
-    lead_index = (0,) * len(lead_shape)
-    empty = np.empty((0, *predictions.shape[1:]), dtype=predictions.dtype)
+    lead_chunks = predictions.chunks[1 : 1 + n_lead]
     block_starts = [np.concatenate([[0], np.cumsum(c)[:-1]]) for c in grid_chunks]
     for block in itertools.product(*(range(len(c)) for c in grid_chunks)):
         origin = [int(block_starts[j][b]) for j, b in enumerate(block)]
         shape = [int(grid_chunks[j][b]) for j, b in enumerate(block)]
         end = np.asarray(origin) + np.asarray(shape)
         touching = np.flatnonzero(((group_lo < end) & (group_hi > origin)).all(axis=1))
-        anchor_groups = [anchors[group_starts[g] : group_ends[g]] for g in touching]
-        keys = [(predictions.name, int(g), *([0] * (predictions.ndim - 1))) for g in touching]
-        layer[(name, *lead_index, *block)] = (
-            _block_task,
-            origin,
-            shape,
-            empty,
-            window_key,
-            reduce,
-            anchor_groups,
-            *keys,
-        )
+        touching_anchors = [anchor_groups[g] for g in touching]
+        for lead_block in itertools.product(*(range(len(c)) for c in lead_chunks)):
+            template_shape = (
+                *(lead_chunks[j][b] for j, b in enumerate(lead_block)),
+                *window.values.shape,
+            )
+            keys = [(predictions.name, int(g), *lead_block, *([0] * k)) for g in touching]
+            layer[(name, *lead_block, *block)] = (
+                _block_task,
+                origin,
+                shape,
+                template_shape,
+                predictions.dtype,
+                window_key,
+                reduce,
+                touching_anchors,
+                *keys,
+            )
     graph = HighLevelGraph.from_collections(name, layer, dependencies=[predictions])
-    chunks = tuple((n,) for n in lead_shape) + tuple(tuple(c) for c in grid_chunks)
-    return da.Array(
-        graph, name, chunks, dtype=acc, meta=np.empty((0,) * (len(lead_shape) + k), acc)
-    )
+    chunks = tuple(lead_chunks) + tuple(tuple(c) for c in grid_chunks)
+    return da.Array(graph, name, chunks, dtype=acc, meta=np.empty((0,) * (n_lead + k), acc))

@@ -152,3 +152,34 @@ def make_window(
     else:
         per_axis = [window_1d(spec, n) for n in shape]
     return reduce(np.multiply.outer, per_axis) if per_axis else np.ones(())
+
+
+def separable_factors(window: np.ndarray) -> tuple[np.ndarray, ...] | None:
+    """Return 1-D factors whose outer product is ``window``, or None if it has none.
+
+    Windows built from specs are separable by construction; a user's array may be
+    too. The factors let overlap-add compute the total weight per axis (a few
+    vectors) instead of summing a full window per patch.
+
+    Examples
+    --------
+    >>> w = np.multiply.outer([1.0, 2.0], [1.0, 3.0, 1.0])
+    >>> [f.tolist() for f in separable_factors(w)]
+    [[1.0, 2.0], [1.0, 3.0, 1.0]]
+    >>> separable_factors(np.array([[1.0, 2.0], [2.0, 1.0]])) is None
+    True
+    """
+    window = np.asarray(window, dtype=np.float64)
+    if window.ndim == 0:
+        return None
+    corner = window[(0,) * window.ndim]
+    factors = []
+    for axis in range(window.ndim):
+        index: list[Any] = [0] * window.ndim
+        index[axis] = slice(None)
+        line = window[tuple(index)]
+        factors.append(line if axis == 0 else line / corner)
+    rebuilt = reduce(np.multiply.outer, factors)
+    if not np.allclose(rebuilt, window, rtol=1e-12, atol=0.0):
+        return None
+    return tuple(factors)
