@@ -49,3 +49,14 @@ def scene() -> xr.DataArray:
         attrs={"units": "reflectance"},
         name="scene",
     )
+
+
+def sorted_by_anchor(patches):
+    """Patches reordered lexicographically by their ``{dim}_anchor`` coordinates.
+
+    Dask input orders patches chunk by chunk, numpy input in the sampler's order;
+    sorted by anchor, both stacks must be equal.
+    """
+    names = [c for c in patches.coords if str(c).endswith("_anchor")]
+    order = np.lexsort([patches[c].values for c in reversed(names)])
+    return patches.isel(patch=order)

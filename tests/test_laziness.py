@@ -8,7 +8,7 @@ import pytest
 import xarray as xr
 
 import xpatch
-from tests.conftest import ComputeCounter, forbid_compute
+from tests.conftest import ComputeCounter, forbid_compute, sorted_by_anchor
 
 
 @pytest.fixture
@@ -39,14 +39,30 @@ def test_building_the_whole_pipeline_computes_nothing(lazy_scene, boundary, redu
 
 
 def test_patch_groups_follow_chunks_not_patches(lazy_scene):
-    # Groups are runs of consecutive patches anchored in one input chunk: one per
-    # row of patches and column of chunks, whatever the number of patches per chunk.
+    # One group (one task, one chunk along "patch") per input chunk that holds
+    # anchors, whatever the number of patches per chunk.
     dense = lazy_scene.patch(y=64, x=64, stride=8)  # 57 x 57 patches
     sparse = lazy_scene.patch(y=64, x=64, stride=48)  # 11 x 11 patches
-    assert dense.patches().data.numblocks[0] == 57 * 4
-    assert sparse.patches().data.numblocks[0] == 11 * 4
-    dense_tasks = len(dense.patches().data.__dask_graph__())
-    assert dense_tasks < len(dense) / 2
+    for p in (dense, sparse):
+        patches = p.patches().data
+        assert patches.numblocks[0] == 16
+        own_layer = patches.__dask_graph__().layers[patches.name]
+        assert len(own_layer) == 16
+
+
+def test_dask_patches_are_ordered_chunk_by_chunk(lazy_scene):
+    p = lazy_scene.patch(y=64, x=64, stride=48)
+    anchors = np.asarray(p.anchors())
+    chunk_of = anchors // 128
+    flat = chunk_of[:, 0] * 4 + chunk_of[:, 1]
+    assert (np.diff(flat) >= 0).all()
+    # Within a chunk, the grid's C order.
+    for c in np.unique(flat):
+        inside = anchors[flat == c]
+        assert (np.lexsort(inside.T[::-1]) == np.arange(len(inside))).all()
+    numpy_p = lazy_scene.compute().patch(y=64, x=64, stride=48)
+    assert sorted(map(tuple, anchors)) == sorted(map(tuple, np.asarray(numpy_p.anchors())))
+    assert np.asarray(numpy_p.anchors()).tolist() == sorted(map(list, anchors))
 
 
 def test_reconstruct_graph_has_one_task_per_output_block(lazy_scene):
@@ -66,8 +82,12 @@ def test_numpy_and_dask_give_the_same_patches_and_reconstruction(lazy_scene):
         kwargs = dict(y=70, x=50, stride={"y": 40, "x": 33}, window="tukey", boundary=boundary)
         lp = lazy_scene.patch(**kwargs)
         ep = eager_scene.patch(**kwargs)
-        np.testing.assert_array_equal(lp.patches().values, ep.patches().values)
-        np.testing.assert_array_equal(lp[5].values, ep[5].values)
+        np.testing.assert_array_equal(
+            sorted_by_anchor(lp.patches()).values, sorted_by_anchor(ep.patches()).values
+        )
+        anchor = np.asarray(lp.anchors())[5]
+        same = int(np.flatnonzero((np.asarray(ep.anchors()) == anchor).all(axis=1))[0])
+        np.testing.assert_array_equal(lp[5].values, ep[same].values)
         np.testing.assert_allclose(
             lp.reconstruct(lp.patches() ** 2).values, ep.reconstruct(ep.patches() ** 2).values
         )

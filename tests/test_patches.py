@@ -109,10 +109,17 @@ def test_iteration_and_repr(scene):
     assert "size=(y: 20, x: 25)" in repr(p)
 
 
-def test_predictions_in_another_order_are_refused(scene):
+def test_predictions_in_another_order_are_matched_back_by_anchor(scene):
     p = scene.patch(y=16, x=20, stride=12)
     shuffled = p.patches().isel(patch=np.random.default_rng(0).permutation(len(p)))
-    with pytest.raises(xpatch.PredictionError, match=r"reordered.*Sort them back by anchor"):
-        p.reconstruct(shuffled)
-    restored = shuffled.sortby(["y_anchor", "x_anchor"])
-    np.testing.assert_allclose(p.reconstruct(restored), scene)
+    np.testing.assert_allclose(p.reconstruct(shuffled), scene)
+    np.testing.assert_allclose(p.reconstruct(shuffled.chunk({"patch": 3})), scene)
+    as_dataset = xr.Dataset({"a": shuffled, "b": shuffled * 2})
+    np.testing.assert_allclose(p.reconstruct(as_dataset["b"]), scene * 2)
+
+
+def test_predictions_from_another_patcher_are_refused(scene):
+    p = scene.patch(y=16, x=20, stride=12)
+    other = scene.patch(y=16, x=20, stride=11).patches().isel(patch=slice(0, len(p)))
+    with pytest.raises(xpatch.PredictionError, match=r"not an anchor of this patcher"):
+        p.reconstruct(other.assign_coords(y=p.patches().y, x=p.patches().x))

@@ -25,6 +25,7 @@ from xpatch.core.errors import (
     XPatchError,
 )
 from xpatch.core.samplers import Anchors, AtLabels, JitteredGrid, RandomAnchors, RegularGrid
+from xpatch.io import write
 from xpatch.xarray import Patcher, patch
 
 try:
@@ -47,4 +48,5 @@ __all__ = [
     "XPatchError",
     "__version__",
     "patch",
+    "write",
 ]

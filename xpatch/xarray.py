@@ -14,7 +14,9 @@ from typing import Any, Generic, TypeVar
 import dask.array as da
 import numpy as np
 import xarray as xr
+from numpy.typing import DTypeLike
 
+from xpatch.core.apply import BatchFunction, predict_dask
 from xpatch.core.errors import (
     DimensionError,
     GeometryError,
@@ -22,9 +24,17 @@ from xpatch.core.errors import (
     PredictionError,
     UncoveredCellsWarning,
 )
-from xpatch.core.extract import check_pad_value, extract_dask, extract_numpy
+from xpatch.core.extract import (
+    check_pad_value,
+    chunk_order,
+    extract_dask,
+    extract_numpy,
+    max_group_size,
+    patch_groups,
+)
 from xpatch.core.geometry import Boundary, Geometry
 from xpatch.core.overlap_add import (
+    BlendWindow,
     Reduction,
     accumulation_dtype,
     check_reduction,
@@ -149,6 +159,7 @@ class Patcher(Generic[T]):
     __slots__ = (
         "_anchor_cache",
         "_geometry",
+        "_group_cache",
         "_min_valid",
         "_obj",
         "_pad_value",
@@ -210,11 +221,12 @@ class Patcher(Generic[T]):
             ("_obj", obj),
             ("_geometry", geometry),
             ("_window_spec", window),
-            ("_window", window_array),
+            ("_window", BlendWindow.of(window_array)),
             ("_sampler", sampler),
             ("_min_valid", min_valid),
             ("_pad_value", pad_value),
             ("_anchor_cache", None),
+            ("_group_cache", None),
         ):
             object.__setattr__(self, name, value)
         if getattr(sampler, "covers_grid", False):
@@ -302,9 +314,36 @@ class Patcher(Generic[T]):
             anchors = self._sampler.anchors(self._geometry)
             if self._min_valid is not None:
                 anchors = anchors[self._valid_patches(anchors)]
+            bounds = self._chunk_bounds()
+            if bounds is not None and not getattr(self._sampler, "keeps_order", False):
+                anchors = anchors[chunk_order(anchors, bounds)]
             anchors.setflags(write=False)
             object.__setattr__(self, "_anchor_cache", anchors)
         return self._anchor_cache
+
+    def _chunk_bounds(self) -> list[np.ndarray] | None:
+        """Cumulative chunk ends along the patched dims of the first dask variable."""
+        for var in _patched_variables(self._obj, self.dims).values():
+            if isinstance(var.data, da.Array):
+                return [np.cumsum(var.chunks[var.dims.index(d)]) for d in self.dims]
+        return None
+
+    def _patch_groups(self) -> list[tuple[int, int]]:
+        """Runs of the patch index that one task handles: one per input chunk."""
+        if self._group_cache is None:
+            anchors = self._anchor_array()
+            bounds = self._chunk_bounds() or [np.array([n]) for n in self._geometry.shape]
+            largest = max(
+                (
+                    max_group_size(
+                        [self.size.get(d, n) for d, n in var.sizes.items()], var.dtype.itemsize
+                    )
+                    for var in _patched_variables(self._obj, self.dims).values()
+                ),
+                default=1,
+            )
+            object.__setattr__(self, "_group_cache", patch_groups(anchors, bounds, largest))
+        return self._group_cache
 
     def _valid_patches(self, anchors: np.ndarray) -> np.ndarray:
         counts = 0
@@ -354,7 +393,7 @@ class Patcher(Generic[T]):
         >>> da.patch(t=4, window="hann").weights().round(3).values.tolist()
         [0.146, 0.854, 0.854, 0.146]
         """
-        return xr.DataArray(self._window.copy(), dims=self.dims, name="weights")
+        return xr.DataArray(self._window.values.copy(), dims=self.dims, name="weights")
 
     # -- patches ----------------------------------------------------------------------
 
@@ -366,7 +405,8 @@ class Patcher(Generic[T]):
         size = [self.size[d] for d in present]
         pad_value = check_pad_value(pad_value, var.dtype)
         if isinstance(var.data, da.Array):
-            return extract_dask(var.data, axes, anchors[:, columns], size, pad_value)
+            groups = self._patch_groups() if anchors is self._anchor_array() else None
+            return extract_dask(var.data, axes, anchors[:, columns], size, pad_value, groups)
         return extract_numpy(np.asarray(var.data), axes, anchors[:, columns], size, pad_value)
 
     def _cut(self, anchors: np.ndarray, stacked: bool) -> T:
@@ -454,8 +494,14 @@ class Patcher(Generic[T]):
         Coordinates along ``"patch"``: ``{dim}_anchor`` (start index) and
         ``{dim}_start`` (coordinate label of the first cell) per patched dim.
         Non-index coordinates that span patched dims are patched alongside.
-        For dask input the result is lazy: patches are grouped into one task per
-        run of consecutive patches anchored in the same input chunk.
+
+        For dask input the result is lazy and the patches are ordered chunk by
+        chunk: grouped by the input chunk that holds their anchor (chunks in C
+        order), in the sampler's order within a chunk. Each group is one task that
+        reads only the chunks its patches touch, and one chunk along ``"patch"``.
+        Numpy input and explicit anchors (:class:`~xpatch.Anchors`,
+        :class:`~xpatch.AtLabels`) keep the sampler's order. :meth:`anchors`
+        always gives the order.
 
         Examples
         --------
@@ -468,7 +514,7 @@ class Patcher(Generic[T]):
 
     # -- reconstruction ---------------------------------------------------------------
 
-    def _check_prediction(self, pred: xr.DataArray, label: str) -> None:
+    def _check_prediction(self, pred: xr.DataArray, label: str) -> np.ndarray | None:
         n = len(self)
         if PATCH_DIM not in pred.dims:
             raise PredictionError(
@@ -493,17 +539,34 @@ class Patcher(Generic[T]):
                 f"{label} has patch shape {got}; this patcher's patches are {self.size}. "
                 "Predictions must keep the patch size (crop or resize them back)."
             )
+        return self._prediction_order(pred, label)
+
+    def _prediction_order(self, pred: xr.DataArray, label: str) -> np.ndarray | None:
+        """Permutation that puts predictions carrying ``{dim}_anchor`` coords in anchor order.
+
+        None when they carry no anchors or are already in order. Predictions gathered
+        out of order (from a shuffled pipeline) are matched back by anchor.
+        """
         anchor_coords = [f"{d}_anchor" for d in self.dims]
-        if all(c in pred.coords for c in anchor_coords):
-            given = np.stack([np.asarray(pred[c].values) for c in anchor_coords], axis=1)
-            mismatch = np.flatnonzero((given != self._anchor_array()).any(axis=1))
-            if mismatch.size:
-                i = int(mismatch[0])
-                raise PredictionError(
-                    f"{label} patch {i} carries anchor {given[i].tolist()} but this patcher's "
-                    f"patch {i} starts at {self._anchor_array()[i].tolist()}: the predictions "
-                    "were reordered or come from another patcher. Sort them back by anchor."
-                )
+        if not all(c in pred.coords for c in anchor_coords):
+            return None
+        given = np.stack([np.asarray(pred[c].values) for c in anchor_coords], axis=1)
+        mine = self._anchor_array()
+        if np.array_equal(given, mine):
+            return None
+        mine_order = np.lexsort(mine.T[::-1])
+        given_order = np.lexsort(given.T[::-1])
+        mismatch = np.flatnonzero((given[given_order] != mine[mine_order]).any(axis=1))
+        if mismatch.size:
+            i = int(given_order[mismatch[0]])
+            raise PredictionError(
+                f"{label} patch {i} carries anchor {given[i].tolist()}, which is not an anchor of "
+                "this patcher (or appears more often than in it): the predictions come from "
+                "another patcher. Predict on this patcher's p.patches()."
+            )
+        order = np.empty_like(mine_order)
+        order[mine_order] = given_order
+        return order
 
     def _grid_chunks(self, template: xr.Variable | None, lead: Sequence[int], dtype) -> list:
         if template is not None and isinstance(template.data, da.Array):
@@ -583,7 +646,9 @@ class Patcher(Generic[T]):
         reduce = check_reduction(reduce)
         obj = self._obj
         if isinstance(pred, xr.DataArray):
-            self._check_prediction(pred, "pred")
+            order = self._check_prediction(pred, "pred")
+            if order is not None:
+                pred = pred.isel({PATCH_DIM: order})
             template = obj.variable if isinstance(obj, xr.DataArray) else None
             if isinstance(obj, xr.Dataset) and pred.name in obj.data_vars:
                 template = obj[pred.name].variable
@@ -604,7 +669,9 @@ class Patcher(Generic[T]):
                     f"{list(pred.data_vars)!r}."
                 )
             for name in patched:
-                self._check_prediction(pred[name], f"pred[{name!r}]")
+                order = self._check_prediction(pred[name], f"pred[{name!r}]")
+                if order is not None:
+                    pred = pred.isel({PATCH_DIM: order})
             variables = {}
             for name, var in pred.data_vars.items():
                 if name not in patched:
@@ -621,6 +688,122 @@ class Patcher(Generic[T]):
             f"pred is a {type(pred).__name__}; pass an xarray.DataArray with a {PATCH_DIM!r} dim "
             "and the patched dims, e.g. p.patches() or xr.DataArray(arr, dims=...)."
         )
+
+    # -- sliding-window inference ----------------------------------------------------
+
+    def apply(
+        self,
+        fn: BatchFunction,
+        batch_size: int = 64,
+        *,
+        output_dims: Mapping[Hashable, int] | None = None,
+        dtype: DTypeLike | None = None,
+        reduce: Reduction = "mean",
+    ) -> xr.DataArray:
+        """Run ``fn`` over every patch in batches and blend the results onto the grid.
+
+        Sliding-window inference: patches are cut group by group (one group per
+        input chunk), ``fn`` sees numpy batches, and the per-patch results are put
+        back with :meth:`reconstruct`'s weighted overlap-add. Every patch goes
+        through ``fn`` exactly once per computation.
+
+        Parameters
+        ----------
+        fn
+            ``fn(batch) -> batch``. It receives numpy arrays ``(b, *carried,
+            *patch)``: the input's non-patched dims in its order, then the patched
+            dims in the order of :attr:`dims`, with ``b <= batch_size``. It returns
+            ``(b, *output_dims, *patch)``. With ``boundary="pad"`` the padded cells
+            hold ``pad_value``.
+        batch_size
+            Largest number of patches per call of ``fn``.
+        output_dims
+            The non-patched dims of ``fn``'s output and their sizes, in order, e.g.
+            ``{"class": 5}``. Default: the input's non-patched dims (``fn`` keeps
+            them). Declared, not discovered: nothing is computed to find them.
+        dtype
+            dtype of ``fn``'s output; default the input's dtype. Results are cast
+            to it within their kind; an output of another kind raises.
+        reduce
+            How overlapping results combine, as in :meth:`reconstruct`.
+
+        Returns
+        -------
+        xarray.DataArray
+            ``(*output_dims, *patched dims)`` on the input's grid (in the input's
+            dim order when the output keeps its dims), with its coordinates and
+            attributes. Lazy for dask input, computed for numpy input.
+
+        Examples
+        --------
+        >>> import numpy as np, xarray as xr, xpatch
+        >>> da = xr.DataArray(np.arange(24.0).reshape(2, 3, 4), dims=("band", "y", "x"))
+        >>> p = da.patch(y=2, x=2, stride=1, window="hann")
+        >>> bool(p.apply(lambda batch: batch * 10, batch_size=4).equals(da * 10))
+        True
+        >>> scores = p.apply(lambda b: b.sum(axis=1, keepdims=True), output_dims={"score": 1})
+        >>> scores.dims, scores.isel(score=0).values[0].tolist()
+        (('score', 'y', 'x'), [12.0, 14.0, 16.0, 18.0])
+        """
+        obj = self._obj
+        if not isinstance(obj, xr.DataArray):
+            raise OptionError(
+                "apply runs a function over the patches of one DataArray; this patcher cuts a "
+                "Dataset. Patch ds.to_dataarray('variable') or one of its variables instead."
+            )
+        if not callable(fn):
+            raise OptionError(f"fn={fn!r} is not callable; pass fn(batch) -> batch.")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise OptionError(f"batch_size={batch_size!r} must be a positive int, e.g. 32.")
+        reduce = check_reduction(reduce)
+        carried = [d for d in obj.dims if d not in self.dims]
+        if output_dims is None:
+            output_dims = {d: obj.sizes[d] for d in carried}
+        if not isinstance(output_dims, Mapping) or any(
+            isinstance(n, bool) or not isinstance(n, int | np.integer) or n < 1
+            for n in output_dims.values()
+        ):
+            raise OptionError(
+                f"output_dims={output_dims!r} must map the output's non-patched dim names to "
+                "positive sizes, in order, e.g. {'class': 5}."
+            )
+        clash = [d for d in output_dims if d in self.dims or d == PATCH_DIM]
+        if clash:
+            raise DimensionError(
+                f"output_dims names {clash!r}, which are patched dims (or 'patch'); list only "
+                "the non-patched dims of fn's output."
+            )
+        dtype = obj.dtype if dtype is None else np.dtype(dtype)
+        data = obj.transpose(*carried, *self.dims).data
+        lazy = isinstance(data, da.Array)
+        if not lazy:
+            data = da.from_array(data, chunks=-1)
+        n_carried = len(carried)
+        patched_axes = list(range(n_carried, n_carried + len(self.dims)))
+        pad_value = check_pad_value(self._pad_value, obj.dtype)
+        patches = extract_dask(
+            data,
+            patched_axes,
+            self._anchor_array(),
+            self._geometry.size,
+            pad_value,
+            self._patch_groups(),
+            whole_axes=list(range(n_carried)),
+        )
+        lead_shape = [int(n) for n in output_dims.values()]
+        predictions = predict_dask(patches, fn, batch_size, len(self.dims), lead_shape, dtype)
+        template = obj.variable if lazy else None
+        chunks = self._grid_chunks(template, lead_shape, accumulation_dtype(dtype))
+        out = overlap_add_dask(
+            predictions, self._anchor_array(), self._geometry.shape, chunks, self._window, reduce
+        )
+        if not lazy:
+            out = out.compute(scheduler="threads")
+        result = xr.Variable((*output_dims, *self.dims), out)
+        if set(result.dims) == set(obj.dims):
+            result = result.transpose(*obj.dims)
+        coords = self._output_coords(xr.Dataset(), dict(zip(result.dims, result.shape)))
+        return xr.DataArray(result, coords=coords, name=obj.name, attrs=obj.attrs)
 
     @staticmethod
     def _locator(obj: xr.DataArray | xr.Dataset):

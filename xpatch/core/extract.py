@@ -7,10 +7,14 @@ input's axis order, with each patched axis shortened to the patch size.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import dask.array as da
 import numpy as np
+from dask.array.core import concatenate3
+from dask.base import tokenize
+from dask.highlevelgraph import HighLevelGraph
 from numpy.lib.stride_tricks import sliding_window_view
 
 from xpatch.core.errors import OptionError
@@ -121,10 +125,42 @@ def extract_numpy(
     return np.ascontiguousarray(stacked.transpose(order))
 
 
+def chunk_ids(anchors: np.ndarray, chunk_bounds: Sequence[np.ndarray]) -> np.ndarray:
+    """Flat (C-order) index of the input chunk that holds each anchor.
+
+    Examples
+    --------
+    >>> chunk_ids(np.array([[0, 7], [6, 0]]), [np.array([5, 10]), np.array([5, 10])]).tolist()
+    [1, 2]
+    """
+    if len(anchors) == 0:
+        return np.empty(0, dtype=np.int64)
+    per_axis = [np.searchsorted(b, anchors[:, j], side="right") for j, b in enumerate(chunk_bounds)]
+    return np.ravel_multi_index(per_axis, [len(b) for b in chunk_bounds]).astype(np.int64)
+
+
+def chunk_order(anchors: np.ndarray, chunk_bounds: Sequence[np.ndarray]) -> np.ndarray:
+    """Permutation that groups patches by the input chunk holding their anchor.
+
+    Chunks come in C order; within a chunk, patches keep their relative order
+    (a stable sort).
+
+    Examples
+    --------
+    >>> a = np.array([[0], [6], [3], [8]])
+    >>> chunk_order(a, [np.array([5, 10])]).tolist()
+    [0, 2, 1, 3]
+    """
+    return np.argsort(chunk_ids(anchors, chunk_bounds), kind="stable")
+
+
 def patch_groups(
     anchors: np.ndarray, chunk_bounds: Sequence[np.ndarray], max_group: int
 ) -> list[tuple[int, int]]:
     """Split the patch index into runs of consecutive patches anchored in one chunk.
+
+    After :func:`chunk_order` there is one run per chunk that holds anchors; runs
+    longer than ``max_group`` are split.
 
     Parameters
     ----------
@@ -144,11 +180,8 @@ def patch_groups(
     n = len(anchors)
     if n == 0:
         return []
-    chunk_ids = np.stack(
-        [np.searchsorted(b, anchors[:, j], side="right") for j, b in enumerate(chunk_bounds)],
-        axis=1,
-    )
-    change = np.flatnonzero((np.diff(chunk_ids, axis=0) != 0).any(axis=1)) + 1
+    ids = chunk_ids(anchors, chunk_bounds)
+    change = np.flatnonzero(np.diff(ids) != 0) + 1
     starts = np.concatenate([[0], change])
     stops = np.concatenate([change, [n]])
     groups = []
@@ -157,51 +190,106 @@ def patch_groups(
     return groups
 
 
+def max_group_size(patch_shape: Sequence[int], itemsize: int) -> int:
+    """Largest number of patches whose stack stays within :data:`GROUP_BYTES`."""
+    patch_bytes = max(int(np.prod(patch_shape, dtype=np.int64)) * itemsize, 1)
+    return max(GROUP_BYTES // patch_bytes, 1)
+
+
+def _extract_task(nested, axes, anchors, size, pad_value):
+    region = concatenate3(nested) if isinstance(nested, list) else nested
+    return extract_numpy(region, axes, anchors, size, pad_value)
+
+
 def extract_dask(
     array: da.Array,
     axes: Sequence[int],
     anchors: np.ndarray,
     size: Sequence[int],
     pad_value: object = None,
+    groups: Sequence[tuple[int, int]] | None = None,
+    whole_axes: Sequence[int] = (),
 ) -> da.Array:
     """Stack the patches of a dask array lazily, one task per group of patches.
 
-    Patches are grouped into runs of consecutive patch indices whose anchors lie in
-    the same input chunk (:func:`patch_groups`); each group reads only the input
-    region its patches span, so the number of tasks follows the number of chunks
-    (for grid samplers), not of patches. The patch axis is chunked by group.
-    Arguments are as for :func:`extract_numpy`.
+    Each task reads the input chunks its patches touch, and only those, and cuts
+    the patches out in numpy: the graph has one task per group (and per chunk of
+    the carried axes), so its size follows the number of chunks, not of patches.
+    The patch axis is chunked by group.
+
+    Parameters
+    ----------
+    array, axes, anchors, size, pad_value
+        As for :func:`extract_numpy`.
+    groups
+        ``(start, stop)`` runs of the patch index, one task each; default
+        :func:`patch_groups` over the input's chunks.
+    whole_axes
+        Carried axes to hand to each task whole (its chunks along them are joined)
+        instead of one task per chunk.
     """
     patch_shape = list(array.shape)
     for ax, s in zip(axes, size):
         patch_shape[ax] = s
-    patch_bytes = max(int(np.prod(patch_shape)) * array.dtype.itemsize, 1)
-    bounds = [np.cumsum(array.chunks[ax]) for ax in axes]
-    groups = patch_groups(anchors, bounds, max(GROUP_BYTES // patch_bytes, 1))
+    if groups is None:
+        bounds = [np.cumsum(array.chunks[ax]) for ax in axes]
+        groups = patch_groups(anchors, bounds, max_group_size(patch_shape, array.dtype.itemsize))
     if not groups:
         return da.empty((0, *patch_shape), dtype=array.dtype, chunks=-1)
+    axes = [int(a) for a in axes]
+    size = [int(s) for s in size]
     carried = [ax for ax in range(array.ndim) if ax not in axes]
-    parts = []
-    for start, stop in groups:
-        region, local, pad_after = _crop(array, axes, anchors[start:stop], size)
-        if any(pad_after):
-            widths = _pad_widths(array.ndim, axes, pad_after)
-            region = da.pad(region, widths, constant_values=pad_value)
-        region = region.rechunk({ax: -1 for ax in axes})
-        out_chunks = [(stop - start,)] + [
-            region.chunks[ax] if ax in carried else (patch_shape[ax],) for ax in range(array.ndim)
-        ]
-        parts.append(
-            da.map_blocks(
-                extract_numpy,
-                region,
-                axes=list(axes),
-                anchors=local,
-                size=list(size),
-                new_axis=0,
-                chunks=tuple(out_chunks),
-                dtype=array.dtype,
-                meta=np.empty((0,) * (array.ndim + 1), dtype=array.dtype),
+    split = [ax for ax in carried if ax not in whole_axes]
+    starts = [np.concatenate([[0], np.cumsum(c)]) for c in array.chunks]
+    token = tokenize(array, anchors, axes, size, pad_value, groups, list(whole_axes))
+    name = f"xpatch-patches-{token}"
+    layer: dict = {}
+    for g, (start, stop) in enumerate(groups):
+        group = anchors[start:stop]
+        lo = group.min(axis=0)
+        hi = np.minimum(group.max(axis=0) + np.asarray(size), [array.shape[ax] for ax in axes])
+        # Per axis: the input chunks the task reads.
+        ranges: list[range] = []
+        for ax in range(array.ndim):
+            if ax in axes:
+                j = axes.index(ax)
+                first = int(np.searchsorted(starts[ax], lo[j], side="right")) - 1
+                last = int(np.searchsorted(starts[ax], hi[j], side="left"))
+                ranges.append(range(first, last))
+            else:
+                ranges.append(range(len(array.chunks[ax])))
+        origin = np.array([starts[ax][ranges[ax][0]] for ax in axes])
+        for carried_block in itertools.product(*(ranges[ax] for ax in split)):
+            reads = list(ranges)
+            for ax, b in zip(split, carried_block):
+                reads[ax] = range(b, b + 1)
+            nested = _nested_keys(array.name, reads)
+            out_index = [0] * array.ndim
+            for ax, b in zip(split, carried_block):
+                out_index[ax] = b
+            layer[(name, g, *out_index)] = (
+                _extract_task,
+                nested,
+                axes,
+                group - origin,
+                size,
+                pad_value,
             )
-        )
-    return da.concatenate(parts, axis=0)
+    chunks = [tuple(stop - start for start, stop in groups)]
+    for ax in range(array.ndim):
+        if ax in axes:
+            chunks.append((patch_shape[ax],))
+        elif ax in split:
+            chunks.append(array.chunks[ax])
+        else:
+            chunks.append((array.shape[ax],))
+    graph = HighLevelGraph.from_collections(name, layer, dependencies=[array])
+    meta = np.empty((0,) * (array.ndim + 1), dtype=array.dtype)
+    return da.Array(graph, name, tuple(chunks), meta=meta)
+
+
+def _nested_keys(name: str, ranges: Sequence[range], prefix: tuple = ()) -> list | tuple:
+    """Nested lists of block keys over ``ranges``, as :func:`concatenate3` takes them."""
+    if len(prefix) == len(ranges):
+        return (name, *prefix)
+    return [_nested_keys(name, ranges, (*prefix, b)) for b in ranges[len(prefix)]]

@@ -150,6 +150,9 @@ class Anchors:
     [[1, 0], [2, 6]]
     """
 
+    #: Patches stay in the given order (they are not regrouped by input chunk).
+    keeps_order = True
+
     indices: Any = field(hash=False)
 
     def anchors(self, geometry: Geometry) -> np.ndarray:

@@ -1,0 +1,377 @@
+"""Write lazy results out of core, block by block, resumably, with progress.
+
+:func:`write` streams a (dask-backed) DataArray or Dataset to zarr or to a tiled
+GeoTIFF. Blocks are computed in one dask computation, so a patch shared by
+neighbouring blocks is computed once, and each block is written as soon as it is
+ready: peak memory stays at a few blocks and their patch groups. A progress
+record beside the output (``<output>.xpatch-progress/``) lists the blocks
+written; a run that was interrupted and is started again redoes only the others.
+The record is removed when the output is complete.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import shutil
+import warnings
+from collections.abc import Hashable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import dask
+import dask.array as da
+import numpy as np
+import xarray as xr
+from dask.base import tokenize
+from dask.delayed import Delayed
+from dask.highlevelgraph import HighLevelGraph
+
+from xpatch.core.checks import check_choice
+from xpatch.core.errors import OptionError
+
+Format = Literal["auto", "zarr", "geotiff"]
+FORMATS = ("auto", "zarr", "geotiff")
+GEOTIFF_SUFFIXES = (".tif", ".tiff")
+
+
+def progress_record(path: str | Path) -> Path:
+    """The folder that records which blocks of ``path`` are written."""
+    path = Path(path)
+    return path.with_name(path.name + ".xpatch-progress")
+
+
+def output_format(path: str | Path, format: Format = "auto") -> Literal["zarr", "geotiff"]:
+    """The format to write ``path`` in: ``format``, or guessed from the suffix.
+
+    Examples
+    --------
+    >>> output_format("seg.tif"), output_format("seg.zarr")
+    ('geotiff', 'zarr')
+    """
+    check_choice("format", format, FORMATS)
+    if format != "auto":
+        return format  # type: ignore[return-value]
+    suffix = Path(path).suffix.lower()
+    if suffix in GEOTIFF_SUFFIXES:
+        return "geotiff"
+    if suffix == ".zarr":
+        return "zarr"
+    raise OptionError(
+        f"cannot tell the format of {str(path)!r} from its suffix; name it *.zarr or *.tif, "
+        "or pass format='zarr' / format='geotiff'."
+    )
+
+
+def _active_client() -> Any:
+    try:
+        from distributed import default_client
+    except ImportError:
+        return None
+    try:
+        return default_client()
+    except ValueError:
+        return None
+
+
+def compute(*collections: Any, progress: bool = True) -> tuple:
+    """``dask.compute`` with a progress bar that fits the scheduler.
+
+    On a ``dask.distributed`` client (if one is active) the futures run on the
+    cluster with distributed's progress bar; otherwise dask's local scheduler
+    runs them under :class:`dask.diagnostics.ProgressBar`.
+
+    Examples
+    --------
+    >>> import dask.array as da
+    >>> compute(da.ones(4, chunks=2).sum(), progress=False)
+    (np.float64(4.0),)
+    """
+    client = _active_client()
+    if client is not None:
+        futures = client.compute(list(collections))
+        if progress:
+            from distributed import progress as distributed_progress
+
+            distributed_progress(futures)
+        return tuple(client.gather(futures))
+    if progress:
+        from dask.diagnostics import ProgressBar
+
+        with ProgressBar(dt=0.5):
+            return dask.compute(*collections)
+    return dask.compute(*collections)
+
+
+def _block_regions(chunks: Sequence[Sequence[int]]) -> Iterator[tuple[tuple, tuple]]:
+    """Every block index with its region (slices) in the whole array."""
+    starts = [np.concatenate([[0], np.cumsum(c)]).tolist() for c in chunks]
+    for index in itertools.product(*(range(len(c)) for c in chunks)):
+        region = tuple(slice(starts[a][b], starts[a][b + 1]) for a, b in enumerate(index))
+        yield index, region
+
+
+def _marker(record: Path, name: Hashable, index: Sequence[int]) -> Path:
+    return record / "done" / f"{name}.{'.'.join(map(str, index))}"
+
+
+def _store_block(block: np.ndarray, target: Any, region: tuple, marker: str) -> int:
+    target[region] = block
+    Path(marker).touch()
+    return 1
+
+
+def _store_geotiff_block(
+    block: np.ndarray, path: str, window: tuple, lock: Any, marker: str, nodata: Any
+) -> int:
+    import rasterio
+    from rasterio.windows import Window
+
+    rows, cols = window
+    if block.ndim == 2:
+        block = block[np.newaxis]
+    if nodata is not None and np.issubdtype(block.dtype, np.floating):
+        block = np.where(np.isnan(block), nodata, block)
+    with lock, rasterio.open(path, "r+") as dst:
+        width, height = cols.stop - cols.start, rows.stop - rows.start
+        dst.write(block, window=Window(cols.start, rows.start, width, height))
+    Path(marker).touch()
+    return 1
+
+
+def _plan(dataset: xr.Dataset) -> dict:
+    """What a progress record must match for a resumed run to continue it."""
+    return {
+        str(name): {
+            "dims": [str(d) for d in var.dims],
+            "shape": list(var.shape),
+            "dtype": str(var.dtype),
+            "chunks": [list(c) for c in var.chunks] if var.chunks else None,
+        }
+        for name, var in dataset.data_vars.items()
+    }
+
+
+def _start(path: Path, plan: dict, resume: bool, overwrite: bool) -> tuple[Path, bool]:
+    """Prepare the progress record; return it and whether the output must be created."""
+    record = progress_record(path)
+    if path.exists() and record.exists() and resume and not overwrite:
+        saved = json.loads((record / "plan.json").read_text())
+        if saved != plan:
+            raise OptionError(
+                f"{str(path)!r} holds an interrupted run of a different result (shape, chunks "
+                "or dtype differ); pass overwrite=True to start again, or write elsewhere."
+            )
+        return record, False
+    if path.exists() and not overwrite:
+        raise FileExistsError(
+            f"{str(path)!r} already exists and has no progress record of an unfinished run; "
+            "pass overwrite=True to replace it, or choose another output path."
+        )
+    for stale in (path, record):
+        if stale.is_dir():
+            shutil.rmtree(stale)
+        elif stale.exists():
+            stale.unlink()
+    (record / "done").mkdir(parents=True)
+    (record / "plan.json").write_text(json.dumps(plan))
+    return record, True
+
+
+def _finish(tasks: dict, name: str, dependencies: list, progress: bool) -> int:
+    if not tasks:
+        return 0
+    final = (f"{name}-all",)
+    tasks[final] = (sum, list(tasks))
+    graph = HighLevelGraph.from_collections(final[0], tasks, dependencies=dependencies)
+    (written,) = compute(Delayed(final, graph, layer=final[0]), progress=progress)
+    return int(written)
+
+
+def write(
+    result: xr.DataArray | xr.Dataset,
+    path: str | Path,
+    *,
+    format: Format = "auto",
+    name: Hashable | None = None,
+    resume: bool = True,
+    overwrite: bool = False,
+    progress: bool = True,
+    nodata: float | None = None,
+) -> int:
+    """Write a (lazy) result to zarr or GeoTIFF block by block; return the blocks written.
+
+    Parameters
+    ----------
+    result
+        What to write, typically ``p.apply(...)`` or ``p.reconstruct(...)``. Dask
+        blocks become zarr chunks or GeoTIFF windows.
+    path
+        ``*.zarr`` or ``*.tif`` (or give ``format``).
+    format
+        ``"auto"`` (from the suffix), ``"zarr"`` or ``"geotiff"``.
+    name
+        Variable name of a DataArray in the zarr store; default its name, or
+        ``"data"``.
+    resume
+        If ``path`` holds an interrupted run of the same result (its progress
+        record exists), write only the blocks it had not written.
+    overwrite
+        Replace an existing ``path``.
+    progress
+        Show a progress bar (dask's locally, distributed's on a cluster).
+    nodata
+        GeoTIFF only: the nodata value stored in the file; NaN cells of float
+        output are written as it. Default: the result's ``_FillValue`` /
+        ``nodata`` attribute, else NaN for float output.
+
+    Returns
+    -------
+    int
+        Number of blocks written by this call (0 if nothing was left to do).
+
+    Examples
+    --------
+    >>> import tempfile, pathlib, numpy as np, xarray as xr, xpatch
+    >>> da = xr.DataArray(np.ones((4, 6)), dims=("y", "x")).chunk(2)
+    >>> out = pathlib.Path(tempfile.mkdtemp()) / "ones.zarr"
+    >>> xpatch.write(da, out, progress=False)
+    6
+    >>> xr.open_zarr(out)["data"].shape
+    (4, 6)
+    """
+    if isinstance(result, xr.DataArray):
+        dataset = result.to_dataset(name=name if name is not None else result.name or "data")
+    elif isinstance(result, xr.Dataset):
+        dataset = result
+    else:
+        raise OptionError(
+            f"result is a {type(result).__name__}; write takes an xarray DataArray or Dataset."
+        )
+    kind = output_format(path, format)
+    path = Path(path)
+    if kind == "geotiff":
+        return _write_geotiff(result, path, resume, overwrite, progress, nodata)
+    plan = _plan(dataset)
+    record, create = _start(path, plan, resume, overwrite)
+    if create:
+        dataset.to_zarr(path, mode="w", compute=False, consolidated=False)
+    import zarr
+
+    group = zarr.open_group(str(path), mode="r+")
+    tasks: dict = {}
+    dependencies = []
+    token = tokenize(dataset, str(path))
+    for var_name, var in dataset.data_vars.items():
+        data = var.data
+        if not isinstance(data, da.Array):
+            if create:
+                continue  # written whole by to_zarr
+            data = da.from_array(np.asarray(data), chunks=-1)
+        dependencies.append(data)
+        target = group[str(var_name)]
+        for index, region in _block_regions(data.chunks):
+            marker = _marker(record, var_name, index)
+            if marker.exists():
+                continue
+            tasks[(f"xpatch-write-{token}", str(var_name), *index)] = (
+                _store_block,
+                (data.name, *index),
+                target,
+                region,
+                str(marker),
+            )
+    written = _finish(tasks, f"xpatch-write-{token}", dependencies, progress)
+    with warnings.catch_warnings():
+        # zarr 3 notes that consolidated metadata is not in its spec yet; xarray reads it.
+        warnings.simplefilter("ignore", UserWarning)
+        zarr.consolidate_metadata(str(path))
+    shutil.rmtree(record)
+    return written
+
+
+def _write_geotiff(
+    result: xr.DataArray | xr.Dataset,
+    path: Path,
+    resume: bool,
+    overwrite: bool,
+    progress: bool,
+    nodata: float | None,
+) -> int:
+    try:
+        import rasterio
+        import rioxarray  # noqa: F401  (registers .rio)
+    except ImportError:
+        raise ImportError(
+            "writing GeoTIFF needs rioxarray and rasterio: pip install 'xarray-patch[geo]'."
+        ) from None
+    if not isinstance(result, xr.DataArray) or result.ndim not in (2, 3):
+        raise OptionError(
+            "GeoTIFF holds one 2-D or 3-D (band, y, x) DataArray; write a Dataset, or arrays "
+            "with more dims, to zarr instead."
+        )
+    y_dim, x_dim = result.rio.y_dim, result.rio.x_dim
+    band_dims = [d for d in result.dims if d not in (y_dim, x_dim)]
+    result = result.transpose(*band_dims, y_dim, x_dim)
+    data = result.data if isinstance(result.data, da.Array) else da.from_array(result.data)
+    data = data.rechunk({0: -1} if band_dims else {})
+    if nodata is None:
+        nodata = result.attrs.get("_FillValue", result.rio.nodata)
+    if nodata is None and np.issubdtype(result.dtype, np.floating):
+        nodata = np.nan
+    plan = _plan(result.to_dataset(name="band_data"))
+    record, create = _start(path, plan, resume, overwrite)
+    if create:
+        crs = result.rio.crs
+        try:
+            transform = result.rio.transform(recalc=True)
+        except Exception:  # no regular x/y coordinates: pixel space
+            transform = rasterio.Affine.identity()
+        profile = {
+            "driver": "GTiff",
+            "height": result.sizes[y_dim],
+            "width": result.sizes[x_dim],
+            "count": result.sizes[band_dims[0]] if band_dims else 1,
+            "dtype": str(result.dtype),
+            "crs": crs,
+            "transform": transform,
+            "nodata": nodata,
+            "tiled": True,
+            "blockxsize": 256,
+            "blockysize": 256,
+            "BIGTIFF": "IF_SAFER",
+        }
+        with rasterio.open(path, "w", **profile):
+            pass
+    lock = _write_lock(str(path))
+    token = tokenize(data, str(path))
+    floating = np.issubdtype(result.dtype, np.floating)
+    fill = nodata if floating and nodata is not None and not np.isnan(nodata) else None
+    tasks: dict = {}
+    for index, region in _block_regions(data.chunks):
+        marker = _marker(record, "band_data", index)
+        if marker.exists():
+            continue
+        tasks[(f"xpatch-write-{token}", *index)] = (
+            _store_geotiff_block,
+            (data.name, *index),
+            str(path),
+            region[-2:],
+            lock,
+            str(marker),
+            fill,
+        )
+    written = _finish(tasks, f"xpatch-write-{token}", [data], progress)
+    shutil.rmtree(record)
+    return written
+
+
+def _write_lock(name: str) -> Any:
+    """A lock that serialises writes to one file across the scheduler's workers."""
+    if _active_client() is not None:
+        from distributed import Lock
+
+        return Lock(f"xpatch-{name}")
+    from dask.utils import SerializableLock
+
+    return SerializableLock(f"xpatch-{name}")
