@@ -36,13 +36,13 @@ GEOTIFF_SUFFIXES = (".tif", ".tiff")
 
 
 def progress_record(path: str | Path) -> Path:
-    """The folder that records which blocks of ``path`` are written."""
+    """Return the folder that records which blocks of ``path`` are written."""
     path = Path(path)
     return path.with_name(path.name + ".xpatch-progress")
 
 
 def output_format(path: str | Path, format: Format = "auto") -> Literal["zarr", "geotiff"]:
-    """The format to write ``path`` in: ``format``, or guessed from the suffix.
+    """Return the format to write ``path`` in: ``format``, or guessed from the suffix.
 
     Examples
     --------
@@ -140,7 +140,7 @@ def _store_geotiff_block(
 
 
 def _plan(dataset: xr.Dataset) -> dict:
-    """What a progress record must match for a resumed run to continue it."""
+    """Describe what a progress record must match for a resumed run to continue it."""
     return {
         str(name): {
             "dims": [str(d) for d in var.dims],
@@ -367,7 +367,7 @@ def _write_geotiff(
 
 
 def _write_lock(name: str) -> Any:
-    """A lock that serialises writes to one file across the scheduler's workers."""
+    """Return a lock that serialises writes to one file across the scheduler's workers."""
     if _active_client() is not None:
         from distributed import Lock
 

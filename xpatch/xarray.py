@@ -329,7 +329,7 @@ class Patcher(Generic[T]):
         return None
 
     def _patch_groups(self) -> list[tuple[int, int]]:
-        """Runs of the patch index that one task handles: one per input chunk."""
+        """Split the patch index into runs that one task handles: one per input chunk."""
         if self._group_cache is None:
             anchors = self._anchor_array()
             bounds = self._chunk_bounds() or [np.array([n]) for n in self._geometry.shape]
