@@ -10,9 +10,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import xarray as xr
 
 import xpatch.cli
-from xpatch.cli import main, make_scene, run_demo
+from xpatch.cli import main, make_scene, run_demo, toy_model
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = ["--extent", "256", "--chunks", "100"]
@@ -21,15 +22,32 @@ SMALL = ["--extent", "256", "--chunks", "100"]
 def test_demo_succeeds_and_prints_the_summary(capsys):
     assert main(["demo", "--size", "64", "--stride", "48", *SMALL]) == 0
     out = capsys.readouterr().out
+    assert "Completed" in out  # the progress bar is on by default
     assert "scene       reflectance (band: 3, y: 256, x: 256) float32" in out
     assert "chunks      (band: 3, y: 100, x: 100), 9 chunks" in out
     # Along 256 cells: anchors 0, 48, ..., 192 -> 5 per dim.
     assert "25 patches of 64x64, stride 48x48, window 'hann', boundary 'shift'" in out
-    assert "0 while building" in out  # the whole chain is lazy until dask.compute
+    assert "toy model on 25 patches in " in out
+    assert "0 run while building" in out  # the whole chain is lazy until the write
+    assert "written     9 blocks of score (y, x) float32 to a temporary zarr store" in out
     assert "max |reconstruct(patches) - scene| = " in out
-    assert "max |reconstruct(model(patches)) - model(scene)| = " in out
+    assert "max |written output - model(scene)| = " in out
     assert "wall time" in out
     assert out.rstrip().endswith("OK: both errors are below 1e-05 (float32 tolerance)")
+
+
+def test_demo_keeps_the_output_when_asked(tmp_path, capsys):
+    store = tmp_path / "score.zarr"
+    argv = ["demo", "--size", "32", "--stride", "24", "--extent", "64", "--chunks", "32"]
+    assert main([*argv, "--output", str(store), "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "Completed" not in out
+    assert str(store) in out
+    written = xr.open_zarr(store)["score"]
+    assert written.dims == ("y", "x")
+    np.testing.assert_allclose(
+        written.values, toy_model(make_scene(64, chunks=None)).values, atol=1e-6
+    )
 
 
 @pytest.mark.parametrize("window", ["boxcar", "hann", "triangular", "tukey"])
@@ -39,7 +57,8 @@ def test_demo_errors_are_within_float32_tolerance(window):
     assert result.roundtrip_error <= 1e-6
     assert result.model_error <= 1e-6
     assert result.tasks_run_while_building == 0
-    assert result.tasks_run > 0
+    assert result.patches_seen == len(result.patcher)  # each patch through the model once
+    assert result.blocks_written == 9
 
 
 def test_demo_fails_with_exit_1_when_errors_exceed_the_tolerance(monkeypatch, capsys):

@@ -1,13 +1,20 @@
 """The ``xpatch`` command.
 
+``xpatch apply INPUT OUTPUT --fn module:function ...`` runs sliding-window
+inference out of core: it opens a GeoTIFF, zarr store or netCDF file lazily, runs
+the function over overlapping patches in batches, blends the results with weighted
+overlap-add and streams them to a tiled GeoTIFF or a zarr store, block by block,
+with a progress bar; an interrupted run started again redoes only the blocks it
+had not written.
+
 ``xpatch demo`` runs the whole story on a synthetic scene built in memory (no
-download): chunk it with Dask, cut it into overlapping patches, run a pointwise toy
-model on the patches, put the results back with weighted overlap-add, and check the
-result against the model applied to the whole scene.
+download): patch it, ``apply`` a small model with a Hann window, write the result
+to zarr, read it back and check it against the model run on the whole scene.
 
 Examples
 --------
->>> main(["demo", "--extent", "128", "--size", "32", "--stride", "24", "--chunks", "64"])
+>>> main(["demo", "--extent", "128", "--size", "32", "--stride", "24", "--chunks", "64",
+...       "--no-progress"])
 xpatch demo: synthetic scene, no download
 ...
 OK: both errors are below 1e-05 (float32 tolerance)
@@ -17,10 +24,16 @@ OK: both errors are below 1e-05 (float32 tolerance)
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib
+import importlib.util
 import sys
+import tempfile
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal, get_args
 
 import dask
@@ -130,6 +143,53 @@ def toy_model(bands: xr.DataArray) -> xr.DataArray:
     return np.tanh(2.0 * (nir - red) / (nir + red)).rename("score")
 
 
+def toy_batch_model(batch: np.ndarray) -> np.ndarray:
+    """Score a batch of patches: the numpy form of :func:`toy_model`, for ``p.apply``.
+
+    Parameters
+    ----------
+    batch
+        ``(b, band, y, x)`` with the bands in the order of :data:`BANDS`.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``(b, y, x)`` float32 scores.
+
+    Examples
+    --------
+    >>> toy_batch_model(np.array([[[[0.2]], [[0.5]], [[0.6]]]])).round(3).tolist()
+    [[[0.762]]]
+    """
+    red = batch[:, BANDS.index("red")]
+    nir = batch[:, BANDS.index("nir")]
+    return np.tanh(2.0 * (nir - red) / (nir + red)).astype(np.float32)
+
+
+class CountingFunction:
+    """Wrap a batch function and count the patches it sees (thread-safe).
+
+    Examples
+    --------
+    >>> counted = CountingFunction(np.negative)
+    >>> counted(np.ones((3, 2))).shape, counted.patches, counted.calls
+    ((3, 2), 3, 1)
+    """
+
+    def __init__(self, fn: Callable[[np.ndarray], np.ndarray]) -> None:
+        self.fn = fn
+        self.patches = 0
+        self.calls = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, batch: np.ndarray) -> np.ndarray:
+        """Count the batch, then return ``fn(batch)``."""
+        with self._lock:
+            self.patches += len(batch)
+            self.calls += 1
+        return self.fn(batch)
+
+
 class _TaskCounter(Callback):
     """Count the Dask tasks that the local scheduler runs."""
 
@@ -151,38 +211,50 @@ class DemoResult:
         The (lazy) input scene.
     patcher
         The patch layout over the scene (its ``window`` is the blending window).
-    patch_tasks, reconstruct_tasks
-        Tasks in the graphs of ``p.patches()`` and of the reconstructed model output.
-    tasks_run
-        Tasks the scheduler ran to compute both checks in one pass.
+    output
+        Where the model output was written (a zarr store).
+    patch_tasks, apply_tasks
+        Tasks in the graphs of ``p.patches()`` and of ``p.apply(model)``.
     tasks_run_while_building
-        Tasks run before that, while the patches, reconstructions and checks were
-        laid out: 0 when everything is lazy.
+        Tasks run while the lazy graphs were laid out: 0 when everything is lazy.
+    blocks_written
+        Output blocks the write streamed to zarr.
+    patches_seen, model_calls
+        Patches the model received (each once: equal to ``len(patcher)``) and
+        the batches it was called with.
     roundtrip_error
         ``max |p.reconstruct(p.patches()) - scene|`` (NaN if a cell came back NaN).
     model_error
-        ``max |p.reconstruct(model(p.patches())) - model(scene)|``.
-    scene_seconds, build_seconds, compute_seconds
-        Wall time to generate the scene (numpy), to build the lazy graphs, and to
-        compute.
+        ``max |written output - model(scene)|``.
+    scene_seconds, build_seconds, write_seconds, check_seconds
+        Wall time to generate the scene, build the lazy graphs, compute and write
+        the output, and run the checks.
     """
 
     scene: xr.DataArray
     patcher: xpatch.Patcher
+    output: Path
     patch_tasks: int
-    reconstruct_tasks: int
-    tasks_run: int
+    apply_tasks: int
     tasks_run_while_building: int
+    blocks_written: int
+    patches_seen: int
+    model_calls: int
     roundtrip_error: float
     model_error: float
     scene_seconds: float
     build_seconds: float
-    compute_seconds: float
+    write_seconds: float
+    check_seconds: float
 
     @property
     def ok(self) -> bool:
-        """Whether both errors are finite and within :data:`TOLERANCE`."""
-        return bool(self.roundtrip_error <= TOLERANCE and self.model_error <= TOLERANCE)
+        """Whether both errors are within :data:`TOLERANCE` and each patch ran once."""
+        return bool(
+            self.roundtrip_error <= TOLERANCE
+            and self.model_error <= TOLERANCE
+            and self.patches_seen == len(self.patcher)
+        )
 
 
 def run_demo(
@@ -192,11 +264,14 @@ def run_demo(
     chunks: int = 256,
     seed: int = 0,
     extent: int = 1024,
+    output: str | Path | None = None,
+    progress: bool = False,
 ) -> DemoResult:
-    """Patch a synthetic scene, run a toy model per patch, reconstruct and check.
+    """Patch a synthetic scene, ``apply`` a toy model, write it to zarr and check it.
 
-    Everything up to the final :func:`dask.compute` is lazy; the round trip and
-    the model check are computed together, so each input chunk is read once.
+    Everything up to the write is lazy. The written output is read back and
+    compared with the model run on the whole scene; the round trip
+    ``reconstruct(patches())`` is checked too.
 
     Parameters
     ----------
@@ -212,53 +287,70 @@ def run_demo(
         Seed of the synthetic scene.
     extent
         Scene extent along ``y`` and ``x``.
+    output
+        The zarr store to write (replaced if it exists); default a temporary
+        folder, removed afterwards.
+    progress
+        Show a progress bar while writing.
 
     Returns
     -------
     DemoResult
         The measurements; :attr:`DemoResult.ok` tells whether the checks passed.
     """
-    start = time.perf_counter()
-    scene = make_scene(extent, seed=seed, chunks=chunks)
-    generated = time.perf_counter()
-    with _TaskCounter() as eager:
-        p = scene.patch(y=size, x=size, stride=stride, window=window)
-        patches = p.patches()
-        roundtrip = p.reconstruct(patches)
-        scores = p.reconstruct(toy_model(patches))
-        # skipna=False: a cell that comes back NaN must fail the check, not vanish from it.
-        roundtrip_error = abs(roundtrip - scene).max(skipna=False)
-        model_error = abs(scores - toy_model(scene)).max(skipna=False)
-    built = time.perf_counter()
-    with _TaskCounter() as counter:
+    with contextlib.ExitStack() as stack:
+        if output is None:
+            folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="xpatch-demo-"))
+            output = Path(folder) / "score.zarr"
+        output = Path(output)
+        start = time.perf_counter()
+        scene = make_scene(extent, seed=seed, chunks=chunks)
+        generated = time.perf_counter()
+        model = CountingFunction(toy_batch_model)
+        with _TaskCounter() as eager:
+            p = scene.patch(y=size, x=size, stride=stride, window=window)
+            patches = p.patches()
+            scores = p.apply(model, batch_size=32, output_dims={}, dtype="float32")
+            roundtrip_error = abs(p.reconstruct(patches) - scene).max(skipna=False)
+        built = time.perf_counter()
+        blocks = xpatch.write(scores.rename("score"), output, overwrite=True, progress=progress)
+        written = time.perf_counter()
+        stored = xr.open_zarr(output)["score"]
+        model_error = abs(stored - toy_model(scene)).max(skipna=False)
         roundtrip_error, model_error = dask.compute(roundtrip_error, model_error)
-    done = time.perf_counter()
-    return DemoResult(
-        scene=scene,
-        patcher=p,
-        patch_tasks=len(patches.data.__dask_graph__()),
-        reconstruct_tasks=len(scores.data.__dask_graph__()),
-        tasks_run=counter.count,
-        tasks_run_while_building=eager.count,
-        roundtrip_error=float(roundtrip_error),
-        model_error=float(model_error),
-        scene_seconds=generated - start,
-        build_seconds=built - generated,
-        compute_seconds=done - built,
-    )
+        checked = time.perf_counter()
+        return DemoResult(
+            scene=scene,
+            patcher=p,
+            output=output,
+            patch_tasks=len(patches.data.__dask_graph__()),
+            apply_tasks=len(scores.data.__dask_graph__()),
+            tasks_run_while_building=eager.count,
+            blocks_written=blocks,
+            patches_seen=model.patches,
+            model_calls=model.calls,
+            roundtrip_error=float(roundtrip_error),
+            model_error=float(model_error),
+            scene_seconds=generated - start,
+            build_seconds=built - generated,
+            write_seconds=written - built,
+            check_seconds=checked - written,
+        )
 
 
 def _sizes(sizes: dict) -> str:
     return ", ".join(f"{dim}: {n}" for dim, n in sizes.items())
 
 
-def format_summary(result: DemoResult) -> str:
+def format_summary(result: DemoResult, kept: bool = False) -> str:
     """Render a :class:`DemoResult` as the human summary ``xpatch demo`` prints.
 
     Parameters
     ----------
     result
         The output of :func:`run_demo`.
+    kept
+        Whether the output store was kept (``--output``) or was temporary.
 
     Returns
     -------
@@ -271,21 +363,24 @@ def format_summary(result: DemoResult) -> str:
     plural = "" if n_chunks == 1 else "s"
     size = "x".join(str(s) for s in p.size.values())
     stride = "x".join(str(s) for s in p.stride.values())
-    total = result.scene_seconds + result.build_seconds + result.compute_seconds
+    total = result.scene_seconds + result.build_seconds + result.write_seconds
+    where = str(result.output) if kept else "a temporary zarr store (removed)"
     lines = [
         "xpatch demo: synthetic scene, no download",
         f"  scene       {scene.name} ({_sizes(dict(scene.sizes))}) {scene.dtype}",
         f"  chunks      ({_sizes(chunk_sizes)}), {n_chunks} chunk{plural}",
         f"  patches     {len(p)} patches of {size}, stride {stride}, "
         f"window {p.window!r}, boundary {p.boundary!r}",
-        f"  dask tasks  patches() {result.patch_tasks}, reconstructed model output "
-        f"{result.reconstruct_tasks}; {result.tasks_run} run to check both, "
-        f"{result.tasks_run_while_building} while building",
+        f"  apply       toy model on {result.patches_seen} patches in {result.model_calls} "
+        f"batches (each patch once)",
+        f"  dask tasks  patches() {result.patch_tasks}, apply {result.apply_tasks}; "
+        f"{result.tasks_run_while_building} run while building",
+        f"  written     {result.blocks_written} blocks of score (y, x) float32 to {where}",
         f"  round trip  max |reconstruct(patches) - scene| = {result.roundtrip_error:.3g}",
-        f"  model       max |reconstruct(model(patches)) - model(scene)| = "
-        f"{result.model_error:.3g}",
+        f"  model       max |written output - model(scene)| = {result.model_error:.3g}",
         f"  wall time   {total:.2f} s (scene {result.scene_seconds:.2f} s, lazy graphs "
-        f"{result.build_seconds:.2f} s, compute {result.compute_seconds:.2f} s)",
+        f"{result.build_seconds:.2f} s, apply + write {result.write_seconds:.2f} s); "
+        f"checks {result.check_seconds:.2f} s",
     ]
     return "\n".join(lines)
 
@@ -307,9 +402,139 @@ _positive_int = _int_at_least(1)
 _non_negative_int = _int_at_least(0)
 
 
-def _usage_error(message: str) -> int:
-    print(f"xpatch demo: error: {message}", file=sys.stderr)
+def _usage_error(command: str, message: str) -> int:
+    print(f"xpatch {command}: error: {message}", file=sys.stderr)
     return 2
+
+
+# -- xpatch apply -------------------------------------------------------------------------
+
+
+def load_function(spec: str) -> Callable[[np.ndarray], np.ndarray]:
+    """Import ``module:function`` or ``path/to/file.py:function``.
+
+    Examples
+    --------
+    >>> load_function("numpy:negative") is np.negative
+    True
+    """
+    module_name, sep, attribute = spec.rpartition(":")
+    if not sep or not module_name or not attribute:
+        raise ValueError(f"--fn {spec!r} must be 'module:function' or 'path/to/file.py:function'.")
+    if module_name.endswith(".py"):
+        path = Path(module_name)
+        if not path.is_file():
+            raise ValueError(f"--fn {spec!r}: no file {module_name!r}.")
+        module_spec = importlib.util.spec_from_file_location(path.stem, path)
+        module = importlib.util.module_from_spec(module_spec)  # type: ignore[arg-type]
+        sys.modules[path.stem] = module
+        module_spec.loader.exec_module(module)  # type: ignore[union-attr]
+    else:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as error:
+            raise ValueError(f"--fn {spec!r}: cannot import {module_name!r} ({error}).") from None
+    fn = getattr(module, attribute, None)
+    if not callable(fn):
+        raise ValueError(f"--fn {spec!r}: {module_name!r} has no function {attribute!r}.")
+    return fn
+
+
+def open_input(path: str | Path, variable: str | None = None, chunks: int = 1024) -> xr.DataArray:
+    """Open a GeoTIFF, zarr store or netCDF file lazily as one DataArray.
+
+    GeoTIFFs need the ``geo`` extra (rioxarray) and are read in ``chunks`` x
+    ``chunks`` blocks with all bands. A file holding several variables needs
+    ``variable``.
+    """
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if not path.exists():
+        raise ValueError(f"INPUT {str(path)!r} does not exist.")
+    if suffix in (".tif", ".tiff"):
+        try:
+            import rioxarray
+        except ImportError:
+            raise ValueError(
+                "reading GeoTIFF needs rioxarray: pip install 'xarray-patch[geo]'."
+            ) from None
+        opened = rioxarray.open_rasterio(path, chunks={"band": -1, "y": chunks, "x": chunks})
+        if isinstance(opened, list):  # pragma: no cover - multi-subdataset files
+            raise ValueError(f"INPUT {str(path)!r} holds several subdatasets; convert it first.")
+        return opened
+    if suffix == ".zarr" or (path / "zarr.json").exists() or (path / ".zgroup").exists():
+        dataset = xr.open_zarr(path)
+    elif suffix in (".nc", ".nc4", ".netcdf", ".h5"):
+        dataset = xr.open_dataset(path, chunks={})
+    else:
+        raise ValueError(f"INPUT {str(path)!r}: unknown format; give a .tif, .zarr or .nc file.")
+    if isinstance(dataset, xr.DataArray):  # pragma: no cover - defensive
+        return dataset
+    names = list(dataset.data_vars)
+    if variable is None:
+        if len(names) != 1:
+            raise ValueError(
+                f"INPUT {str(path)!r} holds variables {names}; pick one with --variable."
+            )
+        variable = names[0]
+    if variable not in names:
+        raise ValueError(f"--variable {variable!r} is not in {str(path)!r}; it holds {names}.")
+    return dataset[variable]
+
+
+def _output_dims(text: str | None) -> dict[str, int] | None:
+    if text is None:
+        return None
+    if text == "":
+        return {}
+    dims = {}
+    for item in text.split(","):
+        name, sep, size = item.partition("=")
+        if not sep or not name or not size.isdigit() or int(size) < 1:
+            raise ValueError(
+                f"--output-dims {text!r} must look like 'class=5' or 'class=5,time=2' "
+                "(or '' for none)."
+            )
+        dims[name.strip()] = int(size)
+    return dims
+
+
+def run_apply(args: argparse.Namespace) -> int:
+    """Carry out ``xpatch apply`` (see :func:`build_parser` for the options)."""
+    fn = load_function(args.fn)
+    data = open_input(args.input, args.variable, args.chunks)
+    dims = args.dims.split(",") if args.dims else [d for d in ("y", "x") if d in data.dims]
+    if not dims:
+        dims = list(data.dims[-2:])
+    missing = [d for d in dims if d not in data.dims]
+    if missing:
+        raise ValueError(f"--dims {args.dims!r}: {missing} not in the input's dims {data.dims}.")
+    data = data.chunk({d: (args.chunks if d in dims else -1) for d in data.dims})
+    stride = args.stride if args.stride is not None else args.size
+    p = data.patch({d: args.size for d in dims}, stride, window=args.window, boundary=args.boundary)
+    result = p.apply(
+        fn,
+        batch_size=args.batch_size,
+        output_dims=_output_dims(args.output_dims),
+        dtype=args.dtype,
+        reduce=args.reduce,
+    )
+    name = Path(args.output).stem if result.name is None else result.name
+    start = time.perf_counter()
+    blocks = xpatch.write(
+        result.rename(name),
+        args.output,
+        resume=not args.restart,
+        overwrite=args.restart,
+        progress=not args.no_progress,
+    )
+    seconds = time.perf_counter() - start
+    print(
+        f"xpatch apply: {len(p)} patches of {args.size} along {dims}, stride {stride}, "
+        f"window {args.window!r}; wrote {blocks} blocks of {name} "
+        f"({_sizes(dict(result.sizes))}) {result.dtype} to {args.output} in {seconds:.1f} s"
+    )
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -322,13 +547,14 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     demo = commands.add_parser(
         "demo",
-        help="patch a synthetic scene, run a toy model per patch, reconstruct and check",
+        help="apply a toy model to a synthetic scene patch by patch, write it, check it",
         description=(
             "Build a synthetic 3-band scene in memory (no download), chunk it with Dask, "
-            "cut it into overlapping patches, run a pointwise toy model on the patches, "
-            "reconstruct by weighted overlap-add and check the round trip and the model "
-            f"output against the whole-scene result (tolerance {TOLERANCE:g}). Exit status "
-            "0 when both checks pass, 1 when they do not, 2 on invalid options."
+            "run a pointwise toy model over overlapping patches with p.apply, blend them by "
+            "weighted overlap-add, write the result to zarr block by block, read it back and "
+            "check it (and the round trip of the patches) against the whole-scene result "
+            f"(tolerance {TOLERANCE:g}). Exit status 0 when the checks pass, 1 when they do "
+            "not, 2 on invalid options."
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
@@ -342,6 +568,56 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--extent", type=_positive_int, default=1024, help="scene extent along y and x"
     )
+    demo.add_argument(
+        "--output", default=None, help="zarr store to keep the output in (default: temporary)"
+    )
+    demo.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+    apply = commands.add_parser(
+        "apply",
+        help="sliding-window inference from a GeoTIFF/zarr/netCDF file to GeoTIFF or zarr",
+        description=(
+            "Run FN over overlapping patches of INPUT (GeoTIFF, zarr or netCDF, opened lazily) "
+            "in batches, blend the results by weighted overlap-add and write them to OUTPUT "
+            "(*.tif: tiled GeoTIFF with the input's CRS and transform; *.zarr) block by block, "
+            "out of core. FN gets numpy batches (b, *other dims, *patch) and returns "
+            "(b, *output dims, *patch). An interrupted run started again writes only the "
+            "blocks it had not written."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    apply.add_argument("input", help="GeoTIFF (.tif), zarr store (.zarr) or netCDF (.nc)")
+    apply.add_argument("output", help="*.tif or *.zarr")
+    apply.add_argument(
+        "--fn", required=True, help="the batch function: module:function or file.py:function"
+    )
+    apply.add_argument("--size", type=_positive_int, required=True, help="patch extent per dim")
+    apply.add_argument("--stride", type=_positive_int, default=None, help="default: the size")
+    apply.add_argument(
+        "--window",
+        default="hann",
+        help="blending window: boxcar, hann, triangular, tukey or a scipy window name",
+    )
+    apply.add_argument("--boundary", choices=("shift", "pad", "drop", "raise"), default="shift")
+    apply.add_argument(
+        "--dims", default=None, help="patched dims, comma-separated (default: y,x or the last two)"
+    )
+    apply.add_argument(
+        "--chunks", type=_positive_int, default=1024, help="dask chunk size along patched dims"
+    )
+    apply.add_argument("--batch-size", type=_positive_int, default=32)
+    apply.add_argument(
+        "--output-dims",
+        default=None,
+        help="FN's non-patched output dims, e.g. class=5 ('' for none; default: the input's)",
+    )
+    apply.add_argument("--dtype", default=None, help="FN's output dtype (default: the input's)")
+    apply.add_argument("--reduce", choices=("mean", "sum", "max", "min"), default="mean")
+    apply.add_argument("--variable", default=None, help="variable of a zarr/netCDF input")
+    apply.add_argument(
+        "--restart", action="store_true", help="replace OUTPUT instead of resuming it"
+    )
+    apply.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     return parser
 
 
@@ -357,21 +633,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     -------
     int
         Exit status: 0 on success, 1 if the demo's checks fail, 2 on invalid options
-        (``argparse`` usage errors exit with 2 through :class:`SystemExit`).
+        or inputs (``argparse`` usage errors exit with 2 through :class:`SystemExit`).
     """
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command != "demo":  # pragma: no cover - argparse only accepts known commands
-        parser.error(f"unknown command {args.command!r}")
+    if args.command == "apply":
+        try:
+            return run_apply(args)
+        except (XPatchError, ValueError, FileExistsError, ImportError) as error:
+            return _usage_error("apply", str(error))
     if args.stride > args.size:
         return _usage_error(
+            "demo",
             f"--stride {args.stride} is larger than --size {args.size}: the cells between "
-            "patches would be covered by no patch. Use a stride <= size."
+            "patches would be covered by no patch. Use a stride <= size.",
         )
     if args.size > args.extent:
         return _usage_error(
+            "demo",
             f"--size {args.size} is larger than the scene (--extent {args.extent}); "
-            "use a smaller --size or a larger --extent."
+            "use a smaller --size or a larger --extent.",
         )
     try:
         result = run_demo(
@@ -381,14 +662,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             chunks=args.chunks,
             seed=args.seed,
             extent=args.extent,
+            output=args.output,
+            progress=not args.no_progress,
         )
     except XPatchError as error:
-        return _usage_error(str(error))
-    print(format_summary(result), flush=True)
+        return _usage_error("demo", str(error))
+    print(format_summary(result, kept=args.output is not None), flush=True)
     if not result.ok:
         print(
-            f"xpatch demo: FAILED: an error exceeds {TOLERANCE:g} (float32 tolerance) or is "
-            "NaN; the reconstruction does not match the input.",
+            f"xpatch demo: FAILED: an error exceeds {TOLERANCE:g} (float32 tolerance), is "
+            "NaN, or a patch did not go through the model exactly once.",
             file=sys.stderr,
         )
         return 1

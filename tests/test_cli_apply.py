@@ -1,0 +1,130 @@
+"""``xpatch apply``: files in, files out, out of core and resumable."""
+
+from __future__ import annotations
+
+import textwrap
+
+import numpy as np
+import pytest
+import xarray as xr
+
+from xpatch.cli import load_function, main
+
+MODEL = textwrap.dedent(
+    """
+    import numpy as np
+
+    def double(batch):
+        return batch * 2
+
+    def band_sum(batch):
+        # (b, band, y, x) -> (b, 1, y, x)
+        return batch.sum(axis=1, keepdims=True)
+    """
+)
+
+
+@pytest.fixture
+def model_file(tmp_path):
+    path = tmp_path / "toy_model_fns.py"
+    path.write_text(MODEL)
+    return path
+
+
+@pytest.fixture
+def raster():
+    rng = np.random.default_rng(4)
+    values = rng.random((2, 90, 120)).astype("float32")
+    return xr.DataArray(
+        values,
+        dims=("band", "y", "x"),
+        coords={
+            "band": [1, 2],
+            "y": 5000.0 - 10.0 * np.arange(90),
+            "x": 300.0 + 10 * np.arange(120),
+        },
+        name="reflectance",
+    )
+
+
+def test_geotiff_in_geotiff_out_keeps_georeferencing(tmp_path, model_file, raster, capsys):
+    rioxarray = pytest.importorskip("rioxarray")
+    source = tmp_path / "in.tif"
+    raster.rio.write_crs("EPSG:32633").rio.to_raster(source)
+    target = tmp_path / "out.tif"
+    argv = ["apply", str(source), str(target), "--fn", f"{model_file}:double"]
+    assert main([*argv, "--size", "32", "--stride", "24", "--chunks", "64"]) == 0
+    out = capsys.readouterr().out
+    assert "Completed" in out  # progress bar by default
+    assert "wrote 4 blocks" in out
+    written = rioxarray.open_rasterio(target)
+    original = rioxarray.open_rasterio(source)
+    assert written.rio.crs == original.rio.crs
+    assert written.rio.transform() == original.rio.transform()
+    np.testing.assert_allclose(written.values, raster.values * 2, rtol=1e-6)
+
+
+def test_zarr_in_zarr_out_with_new_output_dims(tmp_path, model_file, raster, capsys):
+    source = tmp_path / "in.zarr"
+    raster.to_dataset().to_zarr(source)
+    target = tmp_path / "out.zarr"
+    argv = ["apply", str(source), str(target), "--fn", f"{model_file}:band_sum"]
+    options = ["--size", "40", "--stride", "30", "--output-dims", "total=1", "--no-progress"]
+    assert main([*argv, *options]) == 0
+    assert "Completed" not in capsys.readouterr().out
+    written = xr.open_zarr(target)["reflectance"]  # the input's name
+    assert written.dims == ("total", "y", "x")
+    np.testing.assert_allclose(written.isel(total=0), raster.sum("band"), rtol=1e-6)
+    np.testing.assert_array_equal(written.x, raster.x)
+    # A second run finds the output complete and refuses to touch it...
+    assert main([*argv, *options]) == 2
+    assert "already exists" in capsys.readouterr().err
+    # ...unless told to start again.
+    assert main([*argv, *options, "--restart"]) == 0
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--fn", "no_such_module_xyz:f"], "cannot import 'no_such_module_xyz'"),
+        (["--fn", "numpy"], "must be 'module:function'"),
+        (["--fn", "numpy:no_such_function"], "has no function 'no_such_function'"),
+        (["--fn", "numpy:negative", "--dims", "y,z"], "['z'] not in the input's dims"),
+        (["--fn", "numpy:negative", "--output-dims", "class"], "must look like 'class=5'"),
+        (["--fn", "numpy:negative", "--size", "500"], "larger than"),
+    ],
+)
+def test_bad_options_exit_2_with_a_message(tmp_path, raster, extra, message, capsys):
+    source = tmp_path / "in.zarr"
+    raster.to_dataset().to_zarr(source)
+    argv = ["apply", str(source), str(tmp_path / "o.zarr"), "--size", "32", *extra]
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_inputs_that_cannot_be_read_exit_2(tmp_path, raster, capsys):
+    assert (
+        main(
+            [
+                "apply",
+                str(tmp_path / "nope.zarr"),
+                "o.zarr",
+                "--fn",
+                "numpy:negative",
+                "--size",
+                "8",
+            ]
+        )
+        == 2
+    )
+    assert "does not exist" in capsys.readouterr().err
+    two = tmp_path / "two.zarr"
+    xr.Dataset({"a": raster, "b": raster}).to_zarr(two)
+    assert main(["apply", str(two), "o.zarr", "--fn", "numpy:negative", "--size", "8"]) == 2
+    assert "pick one with --variable" in capsys.readouterr().err
+
+
+def test_load_function_from_a_module_and_a_file(model_file):
+    assert load_function("numpy:negative") is np.negative
+    double = load_function(f"{model_file}:double")
+    assert double(np.ones(2)).tolist() == [2.0, 2.0]

@@ -1,0 +1,305 @@
+"""xpatch.write: zarr and GeoTIFF output block by block, resume, overwrite, progress."""
+
+from __future__ import annotations
+
+import json
+
+import dask
+import numpy as np
+import pytest
+import xarray as xr
+import zarr
+
+import xpatch
+from xpatch.io import progress_record
+
+
+class Affine:
+    """``b * 2 + 1``, counting its calls and patches; raises once ``fail_after`` calls ran.
+
+    A plain class (not a closure) so that it pickles; run under the synchronous
+    scheduler, the counters are those of this very object.
+    """
+
+    def __init__(self, fail_after: int | None = None) -> None:
+        self.fail_after = fail_after
+        self.calls = 0
+        self.patches = 0
+
+    def __call__(self, batch: np.ndarray) -> np.ndarray:
+        if self.fail_after is not None and self.calls >= self.fail_after:
+            raise RuntimeError("simulated crash in the middle of the run")
+        self.calls += 1
+        self.patches += len(batch)
+        return batch * 2 + 1
+
+
+@pytest.fixture
+def lazy() -> xr.DataArray:
+    """(band, y, x) = (2, 64, 64) in 16 x 16 chunks: 16 output blocks, 16 patch groups."""
+    rng = np.random.default_rng(7)
+    return xr.DataArray(
+        rng.normal(size=(2, 64, 64)),
+        dims=("band", "y", "x"),
+        coords={"band": [10, 20], "y": 100.0 - 2.0 * np.arange(64), "x": 3.0 * np.arange(64)},
+        attrs={"units": "K"},
+        name="temp",
+    ).chunk({"band": 2, "y": 16, "x": 16})
+
+
+def patcher(da: xr.DataArray) -> xpatch.Patcher:
+    return da.patch(y=8, x=8, stride=4, window="hann")
+
+
+def markers(path) -> list[str]:
+    return sorted(m.name for m in (progress_record(path) / "done").iterdir())
+
+
+def interrupt(p: xpatch.Patcher, path, fail_after: int = 12) -> Affine:
+    """Start writing ``p.apply(fn)`` to ``path`` and crash after ``fail_after`` fn calls."""
+    crashing = Affine(fail_after=fail_after)
+    with dask.config.set(scheduler="synchronous"):
+        with pytest.raises(RuntimeError, match="simulated crash"):
+            xpatch.write(p.apply(crashing, batch_size=64), path, progress=False)
+    return crashing
+
+
+# -- zarr round trip ----------------------------------------------------------------
+
+
+def test_zarr_round_trip_equals_fn_on_the_whole_array(lazy, tmp_path):
+    p = patcher(lazy)
+    result = p.apply(Affine(), batch_size=16)
+    assert isinstance(result.data, dask.array.Array)
+    path = tmp_path / "o.zarr"
+
+    written = xpatch.write(result, path, progress=False)
+
+    assert written == result.data.npartitions == 16
+    assert not progress_record(path).exists()
+    out = xr.open_zarr(path)
+    assert list(out.data_vars) == ["temp"]
+    np.testing.assert_allclose(out["temp"].values, (lazy * 2 + 1).values, rtol=1e-12, atol=1e-12)
+    xr.testing.assert_identical(out.coords.to_dataset(), lazy.coords.to_dataset())
+    assert out["temp"].dims == lazy.dims
+    assert out["temp"].attrs == lazy.attrs
+    # The zarr chunks are the dask blocks.
+    assert out["temp"].encoding["chunks"] == (2, 16, 16)
+
+
+def test_zarr_name_of_an_unnamed_result_is_data(tmp_path):
+    da = xr.DataArray(np.arange(12.0).reshape(3, 4), dims=("y", "x")).chunk(2)
+    assert xpatch.write(da, tmp_path / "o.zarr", progress=False) == 4
+    assert xpatch.write(da, tmp_path / "n.zarr", name="ndvi", progress=False) == 4
+    np.testing.assert_array_equal(xr.open_zarr(tmp_path / "o.zarr")["data"].values, da.values)
+    np.testing.assert_array_equal(xr.open_zarr(tmp_path / "n.zarr")["ndvi"].values, da.values)
+
+
+# -- resume ---------------------------------------------------------------------------
+
+
+def test_an_interrupted_run_is_resumed_block_by_block(lazy, tmp_path):
+    p = patcher(lazy)
+    path = tmp_path / "o.zarr"
+    total = p.apply(Affine()).data.npartitions
+
+    crashing = interrupt(p, path)
+
+    record = progress_record(path)
+    assert record.is_dir()
+    assert json.loads((record / "plan.json").read_text())["temp"]["shape"] == [2, 64, 64]
+    done = markers(path)
+    assert 0 < len(done) < total, done
+    assert crashing.calls == 12
+
+    healthy = Affine()
+    with dask.config.set(scheduler="synchronous"):
+        written = xpatch.write(p.apply(healthy, batch_size=64), path, progress=False)
+
+    assert written == total - len(done)
+    assert not record.exists()
+    out = xr.open_zarr(path)["temp"]
+    np.testing.assert_allclose(out.values, (lazy * 2 + 1).values, rtol=1e-12, atol=1e-12)
+    # A full run sends every patch through fn once; the resumed one skips the patches
+    # that only the blocks already written need.
+    full = Affine()
+    p.apply(full, batch_size=64).compute(scheduler="synchronous")
+    assert full.patches == len(p)
+    assert 0 < healthy.patches < full.patches
+
+
+def test_resume_does_not_rewrite_blocks_already_written(lazy, tmp_path):
+    p = patcher(lazy)
+    path = tmp_path / "o.zarr"
+    interrupt(p, path)
+    done = markers(path)
+    # Scribble over one finished block: a resumed run must leave it alone.
+    name, *index = done[0].split(".")
+    region = tuple(slice(16 * int(i), 16 * (int(i) + 1)) for i in index[1:])
+    zarr.open_group(str(path), mode="r+")[name][(slice(None), *region)] = -1.0
+
+    with dask.config.set(scheduler="synchronous"):
+        xpatch.write(p.apply(Affine(), batch_size=64), path, progress=False)
+
+    out = xr.open_zarr(path)["temp"].values
+    expected = (lazy * 2 + 1).values
+    assert (out[(slice(None), *region)] == -1.0).all()
+    untouched = np.ones(out.shape, dtype=bool)
+    untouched[(slice(None), *region)] = False
+    np.testing.assert_allclose(out[untouched], expected[untouched], rtol=1e-12)
+
+
+def test_overwrite_after_an_interrupted_run_starts_again(lazy, tmp_path):
+    p = patcher(lazy)
+    path = tmp_path / "o.zarr"
+    interrupt(p, path)
+    assert markers(path)
+
+    fresh = Affine()
+    written = xpatch.write(p.apply(fresh), path, overwrite=True, progress=False)
+
+    assert written == 16
+    assert fresh.patches == len(p)
+    assert not progress_record(path).exists()
+    np.testing.assert_allclose(xr.open_zarr(path)["temp"].values, (lazy * 2 + 1).values)
+
+
+# -- errors -----------------------------------------------------------------------------
+
+
+def test_existing_complete_output_needs_overwrite(lazy, tmp_path):
+    path = tmp_path / "o.zarr"
+    assert xpatch.write(lazy, path, progress=False) == 16
+
+    with pytest.raises(FileExistsError, match=r"overwrite=True"):
+        xpatch.write(lazy + 100, path, progress=False)
+    np.testing.assert_array_equal(xr.open_zarr(path)["temp"].values, lazy.values)
+
+    assert xpatch.write(lazy + 100, path, overwrite=True, progress=False) == 16
+    np.testing.assert_array_equal(xr.open_zarr(path)["temp"].values, (lazy + 100).values)
+    assert not progress_record(path).exists()
+
+
+def test_resuming_a_different_result_raises(lazy, tmp_path):
+    path = tmp_path / "o.zarr"
+    interrupt(patcher(lazy), path)
+    done = markers(path)
+
+    other = lazy.isel(x=slice(0, 48))  # another shape
+    with pytest.raises(xpatch.OptionError, match=r"overwrite=True"):
+        xpatch.write(patcher(other).apply(Affine()), path, progress=False)
+    # The interrupted run is left as it was, still resumable.
+    assert markers(path) == done
+    with dask.config.set(scheduler="synchronous"):
+        written = xpatch.write(patcher(lazy).apply(Affine()), path, progress=False)
+    assert written == 16 - len(done)
+
+
+def test_unknown_suffix_asks_for_format(lazy, tmp_path):
+    path = tmp_path / "o.nc"
+    with pytest.raises(xpatch.OptionError, match=r"format="):
+        xpatch.write(lazy, path, progress=False)
+    assert not path.exists()
+    assert not progress_record(path).exists()
+
+
+def test_an_explicit_format_overrides_the_suffix(lazy, tmp_path):
+    path = tmp_path / "o.store"
+    assert xpatch.write(lazy, path, format="zarr", progress=False) == 16
+    np.testing.assert_array_equal(xr.open_zarr(path)["temp"].values, lazy.values)
+    with pytest.raises(xpatch.OptionError):
+        xpatch.write(lazy, tmp_path / "o.zarr", format="netcdf", progress=False)
+
+
+# -- GeoTIFF ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def raster() -> xr.DataArray:
+    rioxarray = pytest.importorskip("rioxarray")
+    assert rioxarray
+    values = np.random.default_rng(3).random((2, 200, 300)).astype("float32")
+    values[0, 5:9, 7:20] = np.nan
+    values[1, 150:, 290:] = np.nan
+    da = xr.DataArray(
+        values,
+        dims=("band", "y", "x"),
+        coords={
+            "band": [1, 2],
+            "y": 4_000_000.0 - 10.0 * np.arange(200) - 5.0,
+            "x": 300_000.0 + 10.0 * np.arange(300) + 5.0,
+        },
+        name="reflectance",
+    )
+    return da.rio.write_crs("EPSG:32633").chunk({"band": 2, "y": 64, "x": 64})
+
+
+def test_geotiff_round_trip_keeps_crs_transform_and_values(raster, tmp_path):
+    import rioxarray
+
+    path = tmp_path / "o.tif"
+    written = xpatch.write(raster, path, progress=False)
+
+    assert written == 4 * 5  # 2-D blocks; the band axis is whole
+    assert not progress_record(path).exists()
+    back = rioxarray.open_rasterio(path)
+    assert back.rio.crs == raster.rio.crs
+    assert back.rio.transform() == raster.rio.transform()
+    assert back.dtype == np.float32
+    assert back.shape == raster.shape
+    assert np.isnan(back.rio.nodata)
+    np.testing.assert_array_equal(back.values, raster.values)  # NaN where NaN
+
+
+def test_geotiff_of_an_apply_result_writes_nan_as_nodata(raster, tmp_path):
+    import rioxarray
+
+    p = raster.patch(y=32, x=32, stride=24, window="hann")
+    result = p.apply(lambda b: b * 2 + 1, batch_size=32)
+    path = tmp_path / "o.tif"
+
+    xpatch.write(result, path, nodata=-9999.0, progress=False)
+
+    back = rioxarray.open_rasterio(path)
+    assert back.rio.crs == raster.rio.crs
+    assert back.rio.transform() == raster.rio.transform()
+    assert back.rio.nodata == -9999.0
+    expected = raster.values * 2 + 1
+    holes = np.isnan(expected)
+    assert holes.any()
+    assert (back.values[holes] == -9999.0).all()
+    assert not np.isnan(back.values).any()
+    np.testing.assert_allclose(back.values[~holes], expected[~holes], rtol=1e-6)
+    masked = rioxarray.open_rasterio(path, masked=True)
+    np.testing.assert_allclose(masked.values, expected, rtol=1e-6)
+
+
+def test_geotiff_is_resumed_too(raster, tmp_path):
+    import rioxarray
+
+    path = tmp_path / "o.tif"
+    p = raster.patch(y=32, x=32, stride=24)
+    crashing = Affine(fail_after=10)
+    with dask.config.set(scheduler="synchronous"):
+        with pytest.raises(RuntimeError, match="simulated crash"):
+            xpatch.write(p.apply(crashing, batch_size=64), path, progress=False)
+        done = markers(path)
+        assert 0 < len(done) < 20
+        written = xpatch.write(p.apply(Affine(), batch_size=64), path, progress=False)
+    assert written == 20 - len(done)
+    back = rioxarray.open_rasterio(path, masked=True)
+    np.testing.assert_allclose(back.values, raster.values * 2 + 1, rtol=1e-6)
+
+
+# -- progress ------------------------------------------------------------------------------
+
+
+def test_progress_bar_is_shown_only_when_asked(lazy, tmp_path, capsys):
+    xpatch.write(lazy, tmp_path / "quiet.zarr", progress=False)
+    quiet = capsys.readouterr()
+    assert quiet.out == ""
+    assert quiet.err == ""
+
+    xpatch.write(lazy, tmp_path / "loud.zarr", progress=True)
+    loud = capsys.readouterr()
+    assert "100%" in loud.out + loud.err
