@@ -24,6 +24,12 @@ def affine(batch: np.ndarray) -> np.ndarray:
     return batch * 2 + 1
 
 
+def affine_on_a_worker(batch: np.ndarray) -> np.ndarray:
+    """``affine`` that fails unless it runs in a worker of the cluster."""
+    distributed.get_worker()  # raises ValueError outside a worker
+    return affine(batch)
+
+
 @pytest.fixture(scope="module")
 def client():
     with (
@@ -106,13 +112,15 @@ def test_apply_with_other_output_dims_on_the_cluster(client, lazy):
     np.testing.assert_allclose(computed.isel(score=0).values, lazy.sum("band").values, rtol=1e-12)
 
 
-def test_write_to_zarr_uses_the_active_client(client, lazy, tmp_path, capsys):
+def test_write_to_zarr_uses_the_active_client(client, lazy, tmp_path, capsys, monkeypatch):
     assert xpatch.io._active_client() is client
     pids = worker_pids(client)
     p = lazy.patch(y=16, x=16, stride=12, window="hann")
     path = tmp_path / "o.zarr"
+    with pytest.raises(ValueError):
+        affine_on_a_worker(np.zeros(1))  # not here
 
-    written = xpatch.write(p.apply(affine, batch_size=8), path, progress=False)
+    written = xpatch.write(p.apply(affine_on_a_worker, batch_size=8), path, progress=False)
 
     assert written == 3 * 3
     assert not progress_record(path).exists()
@@ -121,13 +129,18 @@ def test_write_to_zarr_uses_the_active_client(client, lazy, tmp_path, capsys):
     assert worker_pids(client) == pids
 
     # With progress, distributed's bar (not dask's local one) runs to the end.
+    class LocalBar:
+        def __init__(self, *args, **kwargs):
+            raise AssertionError("dask's local ProgressBar used with a client active")
+
+    monkeypatch.setattr("dask.diagnostics.ProgressBar", LocalBar)
+    capsys.readouterr()
     written = xpatch.write(
-        p.apply(affine, batch_size=8), tmp_path / "p.zarr", progress=True
+        p.apply(affine_on_a_worker, batch_size=8), tmp_path / "p.zarr", progress=True
     )
     assert written == 9
     shown = capsys.readouterr()
     assert "100%" in shown.out + shown.err
-    assert "Completed" not in shown.out  # dask.diagnostics.ProgressBar's wording
 
 
 def test_geotiff_write_uses_a_cluster_lock(client, tmp_path):
