@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 
 import xpatch
 from tests.conftest import forbid_compute
-from tests.test_roundtrip import build, layouts, tolerance
+from tests.test_roundtrip import build, layouts, patch_options, tolerance
 
 
 class PatchCounter:
@@ -40,12 +40,7 @@ class PatchCounter:
 def test_apply_of_a_pointwise_fn_equals_fn_on_the_whole_array(layout):
     shape, sizes, strides, boundary, chunks, window, carried, dtype, seed = layout
     da = build(shape, carried, dtype, seed)
-    options = dict(
-        size=dict(zip(da.dims[1:], sizes)),
-        stride=dict(zip(da.dims[1:], strides)),
-        boundary=boundary,
-        window=window,
-    )
+    options = patch_options(da, sizes, strides, boundary, window)
     expected = da * 3.0 - 1.0
     lazy_input = da.chunk({"band": 1, **dict(zip(da.dims[1:], chunks))})
     for source in (da, lazy_input):

@@ -46,6 +46,16 @@ def build(shape, carried, dtype, seed):
     return xr.DataArray(values, dims=dims, coords=coords, attrs={"source": "test"})
 
 
+def patch_options(da, sizes, strides, boundary, window):
+    """The patch keyword arguments of a drawn layout, for the patched dims of ``build``."""
+    return dict(
+        size=dict(zip(da.dims[1:], sizes)),
+        stride=dict(zip(da.dims[1:], strides)),
+        boundary=boundary,
+        window=window,
+    )
+
+
 def tolerance(dtype):
     return {"rtol": 1e-5, "atol": 1e-5} if dtype == "float32" else {"rtol": 1e-12, "atol": 1e-12}
 
@@ -55,12 +65,7 @@ def tolerance(dtype):
 def test_reconstruct_of_patches_is_the_input_for_numpy_and_dask(layout):
     shape, sizes, strides, boundary, chunks, window, carried, dtype, seed = layout
     da = build(shape, carried, dtype, seed)
-    options = dict(
-        size=dict(zip(da.dims[1:], sizes)),
-        stride=dict(zip(da.dims[1:], strides)),
-        boundary=boundary,
-        window=window,
-    )
+    options = patch_options(da, sizes, strides, boundary, window)
     p = da.patch(**options)
     eager = p.reconstruct(p.patches())
     assert eager.dims == da.dims
