@@ -195,6 +195,47 @@ def test_resuming_a_different_result_raises(lazy, tmp_path):
     assert written == 16 - len(done)
 
 
+def test_resume_false_with_an_interrupted_run_does_not_deny_the_record(lazy, tmp_path):
+    path = tmp_path / "o.zarr"
+    interrupt(patcher(lazy), path)
+    done = markers(path)
+
+    with pytest.raises(FileExistsError, match=r"overwrite=True") as caught:
+        xpatch.write(patcher(lazy).apply(Affine()), path, resume=False, progress=False)
+    assert markers(path) == done
+    # The record of the unfinished run is right there: the message must not say otherwise.
+    assert "no progress record" not in str(caught.value), str(caught.value)
+
+
+def test_a_write_that_fails_before_any_block_leaves_no_stale_record(tmp_path):
+    # Zarr cannot store irregular dask chunks (a first chunk smaller than the last).
+    data = np.random.default_rng(5).random((64, 64))
+    irregular = xr.DataArray(data, dims=("y", "x")).chunk({"y": (20, 44), "x": 32})
+    path = tmp_path / "o.zarr"
+    with pytest.raises(ValueError, match=r"chunk"):
+        xpatch.write(irregular, path, progress=False)
+
+    # Nothing was written, so nothing may be left that claims an interrupted run ...
+    assert not progress_record(path).exists()
+    # ... and the corrected result goes to the same path without overwrite=True.
+    assert xpatch.write(irregular.chunk({"y": 32}), path, progress=False) == 4
+    np.testing.assert_array_equal(xr.open_zarr(path)["data"].values, data)
+
+
+def test_an_eager_result_counts_the_blocks_it_writes(tmp_path):
+    # apply on numpy input returns a computed result; writing it writes data, so the
+    # number of blocks written cannot be 0 ("0 if nothing was left to do").
+    da = xr.DataArray(np.arange(48.0).reshape(6, 8), dims=("y", "x"), name="v")
+    p = da.patch(y=4, x=4, stride=2, window="hann")
+    result = p.apply(lambda b: b * 2 + 1)
+    assert isinstance(result.data, np.ndarray)
+
+    written = xpatch.write(result, tmp_path / "o.zarr", progress=False)
+
+    np.testing.assert_allclose(xr.open_zarr(tmp_path / "o.zarr")["v"].values, da.values * 2 + 1)
+    assert written > 0, "the whole array was written, but write reports 0 blocks"
+
+
 def test_unknown_suffix_asks_for_format(lazy, tmp_path):
     path = tmp_path / "o.nc"
     with pytest.raises(xpatch.OptionError, match=r"format="):

@@ -11,6 +11,7 @@ The record is removed when the output is complete.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import shutil
@@ -164,6 +165,11 @@ def _start(path: Path, plan: dict, resume: bool, overwrite: bool) -> tuple[Path,
             )
         return record, False
     if path.exists() and not overwrite:
+        if record.exists():
+            raise FileExistsError(
+                f"{str(path)!r} holds an unfinished run; pass resume=True to continue it, or "
+                "overwrite=True to start again."
+            )
         raise FileExistsError(
             f"{str(path)!r} already exists and has no progress record of an unfinished run; "
             "pass overwrite=True to replace it, or choose another output path."
@@ -176,6 +182,23 @@ def _start(path: Path, plan: dict, resume: bool, overwrite: bool) -> tuple[Path,
     (record / "done").mkdir(parents=True)
     (record / "plan.json").write_text(json.dumps(plan))
     return record, True
+
+
+@contextlib.contextmanager
+def _removed_on_failure(path: Path, record: Path) -> Iterator[None]:
+    """Remove a half-created output and its record if creating it fails.
+
+    Otherwise a retry would find a record of a run that never wrote a block.
+    """
+    try:
+        yield
+    except BaseException:
+        for leftover in (path, record):
+            if leftover.is_dir():
+                shutil.rmtree(leftover, ignore_errors=True)
+            elif leftover.exists():
+                leftover.unlink()
+        raise
 
 
 def _finish(tasks: dict, name: str, dependencies: list, progress: bool) -> int:
@@ -252,10 +275,16 @@ def write(
     path = Path(path)
     if kind == "geotiff":
         return _write_geotiff(result, path, resume, overwrite, progress, nodata)
+    # Eager variables go through the same block path: counted, resumable, with progress.
+    dataset = dataset.copy()
+    for var_name, var in dataset.data_vars.items():
+        if not isinstance(var.data, da.Array):
+            dataset[var_name] = var.copy(data=da.from_array(np.asarray(var.data), chunks=-1))
     plan = _plan(dataset)
     record, create = _start(path, plan, resume, overwrite)
     if create:
-        dataset.to_zarr(path, mode="w", compute=False, consolidated=False)
+        with _removed_on_failure(path, record):
+            dataset.to_zarr(path, mode="w", compute=False, consolidated=False)
     import zarr
 
     group = zarr.open_group(str(path), mode="r+")
@@ -264,10 +293,6 @@ def write(
     token = tokenize(dataset, str(path))
     for var_name, var in dataset.data_vars.items():
         data = var.data
-        if not isinstance(data, da.Array):
-            if create:
-                continue  # written whole by to_zarr
-            data = da.from_array(np.asarray(data), chunks=-1)
         dependencies.append(data)
         target = group[str(var_name)]
         for index, region in _block_regions(data.chunks):
@@ -341,7 +366,7 @@ def _write_geotiff(
             "blockysize": 256,
             "BIGTIFF": "IF_SAFER",
         }
-        with rasterio.open(path, "w", **profile):
+        with _removed_on_failure(path, record), rasterio.open(path, "w", **profile):
             pass
     lock = _write_lock(str(path))
     token = tokenize(data, str(path))
