@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import itertools
 import json
 import os
 import platform
@@ -257,6 +256,7 @@ def bench_lazy(s: Sizes, values: np.ndarray) -> dict:
     eager_out = eager_run()
     diff = float(np.max(np.abs(lazy_out - eager_out)))
     err = float(np.max(np.abs(lazy_out - values)))
+    eager_err = float(np.max(np.abs(eager_out - values)))
     n_patches = len(eager.patch(y=k, x=k, stride=s.stride))
     print_table(
         f"2. lazy vs eager p.reconstruct(p.patches()): ({BANDS}, {n}, {n}) float32 "
@@ -264,7 +264,7 @@ def bench_lazy(s: Sizes, values: np.ndarray) -> dict:
         f"{n_patches} patches; lazy in {c}x{c} chunks ({lazy.data.npartitions} chunks)",
         ["path", "time", "vs eager", "max |out - input|"],
         [
-            ["eager (numpy)", fmt_time(t_eager), "1.00x", f"{float(np.max(np.abs(eager_out - values))):.2e}"],
+            ["eager (numpy)", fmt_time(t_eager), "1.00x", f"{eager_err:.2e}"],
             ["lazy compute (threads)", fmt_time(t_lazy), f"{t_lazy / t_eager:.2f}x", f"{err:.2e}"],
         ],
     )
@@ -390,6 +390,26 @@ def current_rss() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def max_rss() -> int:
+    """``ru_maxrss`` of this process, in bytes (it is KiB on Linux).
+
+    On Linux it survives fork and exec: a child started by a big parent reports at
+    least the parent's peak at the time of the fork. See :func:`peak_rss`.
+    """
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def peak_rss() -> int:
+    """Peak resident memory of this process image, in bytes (``VmHWM``, reset by exec)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return max_rss()
+
+
 class RssSampler(threading.Thread):
     """Sample the resident memory every ``interval`` seconds; keep the peak and when it came."""
 
@@ -414,30 +434,61 @@ class RssSampler(threading.Thread):
         self.join()
 
 
-def max_rss() -> int:
-    """Peak resident memory of this process so far, in bytes (ru_maxrss is KiB on Linux)."""
-    import resource
+def key_kind(key: object) -> str:
+    """The layer kind of a dask key: its name without the token."""
+    name = key[0] if isinstance(key, tuple) else key
+    return layer_kind(str(name))
 
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+class SchedulerWatch(Callback):
+    """What the local scheduler holds: the peak bytes of finished results it keeps.
+
+    Also records the order in which rows of output blocks are first computed.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.peak = 0
+        self.peak_kinds: dict[str, list[int]] = {}
+        self.rows: list[int] = []
+
+    def _pretask(self, key, dsk, state) -> None:
+        if key_kind(key) == "xpatch-overlap-add" and key[-2] not in self.rows:
+            self.rows.append(int(key[-2]))
+
+    def _posttask(self, key, result, dsk, state, id) -> None:
+        total = 0
+        kinds: dict[str, list[int]] = {}
+        for cached_key, value in state["cache"].items():
+            nbytes = int(getattr(value, "nbytes", 0) or 0)
+            total += nbytes
+            entry = kinds.setdefault(key_kind(cached_key), [0, 0])
+            entry[0] += 1
+            entry[1] += nbytes
+        if total > self.peak:
+            self.peak = total
+            self.peak_kinds = {k: v for k, v in kinds.items() if v[1]}
 
 
 def child(args: argparse.Namespace) -> int:
     """One out-of-core write in this (fresh) process; print its figures as one JSON line."""
     import zarr  # imported by the write anyway: count it in the baseline
 
-    baseline = max_rss()
-    baseline_now = current_rss()
+    baseline = peak_rss()
+    inherited = max_rss()
     sampler = RssSampler()
     sampler.start()
     data = lazy_input(args.n, args.chunk)
     p = data.patch(y=args.patch, x=args.patch, stride=args.stride, window="hann")
     config = {"optimization.fuse.active": False} if args.no_fuse else {}
+    watch = SchedulerWatch()
     start = time.perf_counter()
-    with dask.config.set(config):
+    with dask.config.set(config), watch:
         result = p.apply(double, batch_size=args.batch)
         blocks = xpatch.write(result, args.out, progress=False)
     seconds = time.perf_counter() - start
-    peak = max_rss()
+    peak = peak_rss()
+    maxrss = max_rss()
     sampler.stop()
     # Sanity: two output blocks against twice the (regenerated) input.
     stored = zarr.open_group(args.out, mode="r")["data"]
@@ -450,15 +501,20 @@ def child(args: argparse.Namespace) -> int:
     disk = sum(f.stat().st_size for f in Path(args.out).rglob("*") if f.is_file())
     figures = {
         "n": args.n,
+        "chunk": c,
         "baseline": baseline,
-        "baseline_now": baseline_now,
         "peak": peak,
+        "maxrss_start": inherited,
+        "maxrss": maxrss,
         "sampled_peak": sampler.peak,
         "peak_at": sampler.peak_at,
+        "held": watch.peak,
+        "held_kinds": watch.peak_kinds,
+        "rows": watch.rows,
         "seconds": seconds,
         "blocks": blocks,
         "patches": len(p),
-        "groups": len(p._patch_groups()),
+        "groups": p.patches().data.npartitions,
         "output": int(np.prod(result.shape)) * result.dtype.itemsize,
         "disk": disk,
         "err": err,
@@ -467,31 +523,23 @@ def child(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_child(n: int, s: Sizes, no_fuse: bool = False) -> dict:
+def run_child(
+    n: int, chunk: int, s: Sizes, *, no_fuse: bool = False, env: dict[str, str] | None = None
+) -> dict:
     """Run one out-of-core write in a fresh process; delete its output afterwards."""
     tmp = Path(tempfile.mkdtemp(prefix="xpatch-bench-scale-"))
-    command = [
-        sys.executable,
-        os.path.abspath(__file__),
-        "--child",
-        "--n",
-        str(n),
-        "--chunk",
-        str(s.ooc_chunk),
-        "--patch",
-        str(s.patch),
-        "--stride",
-        str(s.stride),
-        "--batch",
-        str(s.batch),
-        "--out",
-        str(tmp / "out.zarr"),
-    ]
+    options = {"n": n, "chunk": chunk, "patch": s.patch, "stride": s.stride, "batch": s.batch}
+    command = [sys.executable, os.path.abspath(__file__), "--child"]
+    for name, value in options.items():
+        command += [f"--{name}", str(value)]
+    command += ["--out", str(tmp / "out.zarr")]
     if no_fuse:
         command.append("--no-fuse")
     start = time.perf_counter()
     try:
-        done = subprocess.run(command, capture_output=True, text=True, check=False)
+        done = subprocess.run(
+            command, capture_output=True, text=True, check=False, env={**os.environ, **(env or {})}
+        )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     wall = time.perf_counter() - start
@@ -505,93 +553,108 @@ def run_child(n: int, s: Sizes, no_fuse: bool = False) -> dict:
     return figures
 
 
-def order_pressure(n: int, s: Sizes) -> dict:
-    """Bytes held at the worst moment if the write ran one task at a time in dask.order.
+def sweep_held(n: int, chunk: int, s: Sizes) -> dict:
+    """Bytes a row-by-row sweep of the write graph would hold at its worst moment.
 
-    The write graph is rebuilt here as ``xpatch.write`` builds it (one store task per
-    output block and a final sum), without computing anything. Held bytes are the
-    outputs not yet released by all their dependents, sized from the chunks.
+    The graph of ``xpatch.write(p.apply(...))`` is rebuilt without computing
+    anything (the apply graph, one store task per output block), then run on paper
+    one task at a time: output blocks in row-major order, each preceded by the
+    tasks it needs. Held bytes are the results that some task still needs (and the
+    running task's own), sized from the chunks.
     """
-    data = lazy_input(n, s.ooc_chunk)
+    from dask.core import get_deps
+
+    data = lazy_input(n, chunk)
     p = data.patch(y=s.patch, x=s.patch, stride=s.stride, window="hann")
     arr = p.apply(double, batch_size=s.batch).data
+    group_sizes = p.patches().data.chunks[0]
+    patch_bytes = BANDS * s.patch * s.patch * np.dtype(np.float32).itemsize
+    block_bytes = BANDS * chunk * chunk * np.dtype(np.float32).itemsize
     dsk = dict(arr.__dask_graph__())
-    sizes: dict = {}
-    for layer_name, layer in arr.__dask_graph__().layers.items():
-        kind = layer_kind(layer_name)
-        for key in layer:
-            if not isinstance(key, tuple) or len(key) < 2:
-                sizes[key] = (kind, 0)
-                continue
-            collection = {
-                "random": data.data,
-                "xpatch-overlap-add": arr,
-            }.get(kind)
-            sizes[key] = (kind, _block_bytes(arr.__dask_graph__(), layer_name, key, collection))
-    stores = []
-    for index in itertools.product(*(range(len(c)) for c in arr.chunks)):
-        store = ("store", *index)
-        dsk[store] = (len, (arr.name, *index))
-        sizes[store] = ("store", 0)
-        stores.append(store)
-    dsk[("final",)] = (sum, stores)
-    sizes[("final",)] = ("final", 0)
-    order = dask.order.order(dsk)
-    dependents: dict = {key: set() for key in dsk}
-    dependencies = {}
-    from dask.core import get_dependencies
+    blocks = sorted(k for k in dsk if key_kind(k) == "xpatch-overlap-add")
+    for block in blocks:
+        dsk[("store", *block[1:])] = (len, block)
+    deps, dependents = get_deps(dsk)
 
-    for key in dsk:
-        dependencies[key] = get_dependencies(dsk, key)
-        for dep in dependencies[key]:
-            dependents[dep].add(key)
+    def size(key: object) -> int:
+        kind = key_kind(key)
+        if kind in ("xpatch-patches", "xpatch-apply"):
+            return group_sizes[key[1]] * patch_bytes
+        if kind in ("random", "xpatch-overlap-add"):
+            return block_bytes
+        return 0
+
+    sequence: list = []
+    seen: set = set()
+
+    def visit(key: object) -> None:
+        if key in seen:
+            return
+        for dep in sorted(deps[key], key=lambda k: (key_kind(k), str(k))):
+            visit(dep)
+        seen.add(key)
+        sequence.append(key)
+
+    for block in blocks:
+        visit(("store", *block[1:]))
     waiting = {key: len(d) for key, d in dependents.items()}
     held: dict = {}
-    peak, peak_held = 0, {}
-    for key in sorted(dsk, key=order.__getitem__):
-        held[key] = sizes[key]
-        total = sum(b for _, b in held.values())
+    peak, at_peak = 0, {}
+    for key in sequence:
+        held[key] = size(key)
+        total = sum(held.values())
         if total > peak:
-            peak = total
-            peak_held = dict(held)
-        for dep in dependencies[key]:
+            peak, at_peak = total, dict(held)
+        for dep in deps[key]:
             waiting[dep] -= 1
             if waiting[dep] == 0:
                 held.pop(dep, None)
         if waiting[key] == 0:
             held.pop(key, None)
-    by_kind: dict[str, list[int]] = {}
-    for kind, nbytes in peak_held.values():
-        entry = by_kind.setdefault(kind, [0, 0])
-        entry[0] += 1
-        entry[1] += nbytes
-    return {"n": n, "peak": peak, "by_kind": by_kind}
+    kinds: dict[str, list[int]] = {}
+    for key, nbytes in at_peak.items():
+        if nbytes:
+            entry = kinds.setdefault(key_kind(key), [0, 0])
+            entry[0] += 1
+            entry[1] += nbytes
+    return {"peak": peak, "kinds": kinds}
 
 
-def _block_bytes(graph, layer_name: str, key: tuple, collection) -> int:
-    """Size in bytes of one output of the apply graph, from the chunks of its layer."""
-    kind = layer_kind(layer_name)
-    if kind in ("xpatch-patches", "xpatch-apply"):
-        # (name, group, 0, 0, 0): group g holds chunks[0][g] patches of (4, k, k) float32.
-        meta = _group_arrays.get(layer_name)
-        if meta is None:
-            return 0
-        chunks, itemsize, per_patch = meta
-        return chunks[key[1]] * per_patch * itemsize
-    if collection is None:
-        return 0
-    index = key[1:]
-    return int(
-        np.prod([c[i] for c, i in zip(collection.chunks, index)]) * collection.dtype.itemsize
+def fmt_kinds(kinds: dict[str, list[int]]) -> str:
+    """Held results by kind: ``count x kind (MiB)``; input chunks, patches, predictions."""
+    short = {
+        "random": "in",
+        "xpatch-patches": "patch",
+        "xpatch-apply": "pred",
+        "xpatch-overlap-add": "out",
+    }
+    return " ".join(
+        f"{count}{short.get(kind, kind)}:{nbytes / MiB:.0f}"
+        for kind, (count, nbytes) in sorted(kinds.items(), key=lambda kv: -kv[1][1])
     )
 
 
-_group_arrays: dict = {}
+def fmt_rows(rows: list[int]) -> str:
+    """Rows of output blocks in the order the scheduler started them, runs collapsed."""
+    parts: list[str] = []
+    run = [rows[0]] if rows else []
+    for r in rows[1:]:
+        if abs(r - run[-1]) == 1 and (len(run) == 1 or r - run[-1] == run[-1] - run[-2]):
+            run.append(r)
+            continue
+        parts.append(str(run[0]) if len(run) == 1 else f"{run[0]}..{run[-1]}")
+        run = [r]
+    if run:
+        parts.append(str(run[0]) if len(run) == 1 else f"{run[0]}..{run[-1]}")
+    return ",".join(parts)
+
+
+MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(MiB)}
 
 
 def bench_ooc(s: Sizes) -> dict:
     """Peak resident memory of ``xpatch.write(p.apply(...))`` at two output sizes."""
-    runs = [run_child(n, s) for n in s.ooc_grids]
+    runs = [run_child(n, s.ooc_chunk, s) for n in s.ooc_grids]
     rows = []
     for r in runs:
         n = r["n"]
@@ -604,6 +667,7 @@ def bench_ooc(s: Sizes) -> dict:
                 r["blocks"],
                 fmt_mib(r["baseline"]),
                 fmt_mib(r["peak"]),
+                fmt_mib(r["maxrss"]),
                 fmt_mib(r["peak"] - r["baseline"]),
                 f"{r['peak'] / r['output']:.3f}",
                 "yes" if r["peak"] < TARGET_PEAK else "NO",
@@ -625,6 +689,7 @@ def bench_ooc(s: Sizes) -> dict:
             "blocks",
             "baseline RSS",
             "peak RSS",
+            "ru_maxrss",
             "peak - base",
             "peak/output",
             f"< {TARGET_PEAK // MiB} MiB",
@@ -635,8 +700,11 @@ def bench_ooc(s: Sizes) -> dict:
         rows,
     )
     print(
-        "\nbaseline RSS = ru_maxrss right after the imports (numpy, dask, xarray, zarr, xpatch); "
-        "peak RSS = ru_maxrss after the write; max|err| = two output blocks against 2 x input"
+        "\nbaseline RSS = the child's VmHWM right after the imports (numpy, dask, xarray, zarr, "
+        "xpatch); peak RSS = its VmHWM after the write; ru_maxrss = getrusage after the write, "
+        "which on Linux carries over the parent's peak through fork and exec (here "
+        f"{fmt_mib(runs[0]['maxrss_start'])} already at the child's start), so VmHWM is used; "
+        "max|err| = two output blocks against 2 x input"
     )
     for r in runs:
         print(
@@ -644,7 +712,77 @@ def bench_ooc(s: Sizes) -> dict:
             f"of {r['seconds']:.1f} s; zarr on disk {fmt_mib(r['disk'])}; "
             f"child wall {r['wall']:.1f} s"
         )
-    return {"runs": runs}
+
+    # Where the memory goes: results the scheduler holds (measured, and on paper for a
+    # row-by-row sweep), the order it visits rows of output blocks, and the rest of RSS.
+    rows = []
+    sweeps = []
+    for r in runs:
+        sweep = sweep_held(r["n"], s.ooc_chunk, s)
+        sweeps.append(sweep)
+        rest = r["peak"] - r["baseline"] - r["held"]
+        rows.append(
+            [
+                fmt_mib(r["output"]),
+                fmt_mib(r["held"]),
+                fmt_kinds(r["held_kinds"]),
+                fmt_mib(sweep["peak"]),
+                fmt_kinds(sweep["kinds"]),
+                fmt_mib(rest),
+                fmt_rows(r["rows"]),
+            ]
+        )
+    print_table(
+        "4b. why: results held by dask's threaded scheduler at its worst moment (measured "
+        "with a callback) against a row-by-row sweep of the same graph (on paper)",
+        [
+            "output",
+            "held",
+            "held: count kind:MiB",
+            "row sweep",
+            "row sweep: count kind:MiB",
+            "peak - base - held",
+            "block rows in run order",
+        ],
+        rows,
+    )
+    print(
+        "\n(in = input chunk, pred = prediction group, patch = patch group, out = output "
+        "block; 'peak - base - held' = RSS the scheduler's results do not explain: running "
+        "tasks' inputs and temporaries, zarr buffers, memory the allocator keeps)"
+    )
+
+    variants = [
+        ("default", {}),
+        ("optimization.fuse.active=False", {"no_fuse": True}),
+        (f"MALLOC_MMAP_THRESHOLD_={MiB}", {"env": MALLOC_ENV}),
+        (f"chunks {s.ooc_chunk // 2}", {"chunk": s.ooc_chunk // 2}),
+    ]
+    grids = s.ooc_grids
+    table = []
+    found: dict[str, list[dict]] = {}
+    for label, options in variants:
+        row = [label]
+        for n, base in zip(grids, runs):
+            if label == "default":
+                r = base
+            else:
+                options = dict(options)
+                chunk = options.pop("chunk", s.ooc_chunk)
+                r = run_child(n, chunk, s, **options)
+            found.setdefault(label, []).append(r)
+            row += [fmt_mib(r["peak"]), fmt_mib(r["held"]), f"{r['seconds']:.1f} s"]
+        table.append(row)
+    header = ["variant"]
+    for n in grids:
+        header += [f"{n}^2 peak", "held", "write"]
+    print_table("4c. variants of the out-of-core write (one fresh process each)", header, table)
+    print(
+        "\n(xpatch.write computes one dask.delayed object, whose optimisation consults "
+        "optimization.fuse.delayed, not optimization.fuse.active; MALLOC_MMAP_THRESHOLD_ "
+        "fixes glibc's mmap threshold so freed large arrays go back to the OS at once)"
+    )
+    return {"runs": runs, "sweeps": sweeps, "variants": found, "grids": grids}
 
 
 # -- main ------------------------------------------------------------------------------------
@@ -708,6 +846,23 @@ def main(argv: list[str] | None = None) -> int:
             f"({fmt_mib(r['peak'] - r['baseline'])} over a {fmt_mib(r['baseline'])} baseline) "
             f"= {r['peak'] / r['output']:.3f}x the output; "
             f"{'under' if r['peak'] < TARGET_PEAK else 'OVER'} {TARGET_PEAK // MiB} MiB"
+        )
+    for r, sweep in zip(oc["runs"], oc["sweeps"]):
+        print(
+            f"- why at {fmt_mib(r['output'])}: the scheduler held {fmt_mib(r['held'])} of results "
+            f"at worst ({fmt_kinds(r['held_kinds'])}) against {fmt_mib(sweep['peak'])} for a "
+            f"row-by-row sweep; block rows run as {fmt_rows(r['rows'])}; "
+            f"{fmt_mib(r['peak'] - r['baseline'] - r['held'])} of RSS beyond baseline + held"
+        )
+    for label, found in oc["variants"].items():
+        if label == "default":
+            continue
+        print(
+            f"- variant {label}: peak "
+            + ", ".join(
+                f"{fmt_mib(r['peak'])} ({r['peak'] / base['peak']:.2f}x default)"
+                for r, base in zip(found, oc["runs"])
+            )
         )
     print(f"\n(total {time.perf_counter() - start:.1f} s)")
     return 0
