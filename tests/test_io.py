@@ -344,3 +344,19 @@ def test_progress_bar_is_shown_only_when_asked(lazy, tmp_path, capsys):
     xpatch.write(lazy, tmp_path / "loud.zarr", progress=True)
     loud = capsys.readouterr()
     assert "100%" in loud.out + loud.err
+
+
+@pytest.mark.parametrize("blocks_per_thread", [1, 100])
+def test_a_write_in_waves_runs_each_patch_through_fn_once(
+    lazy, tmp_path, monkeypatch, blocks_per_thread
+):
+    # One block row per wave (4 waves), or everything in one wave: the overhang
+    # pieces carried from wave to wave spare recomputing any patch group.
+    monkeypatch.setattr(xpatch.io, "BLOCKS_PER_THREAD", blocks_per_thread)
+    monkeypatch.setattr(xpatch.io, "worker_count", lambda: 1)
+    p = patcher(lazy)
+    fn = Affine()
+    with dask.config.set(scheduler="synchronous"):
+        assert xpatch.write(p.apply(fn), tmp_path / "o.zarr", progress=False) == 16
+    assert fn.patches == len(p)
+    np.testing.assert_allclose(xr.open_zarr(tmp_path / "o.zarr")["temp"], lazy * 2 + 1)

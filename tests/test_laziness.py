@@ -70,7 +70,11 @@ def test_reconstruct_graph_has_one_task_per_output_block(lazy_scene):
     patches = p.patches()
     out = p.reconstruct(patches)
     layer = out.data.__dask_graph__().layers[out.data.name]
-    assert len(layer) == 16 + 1  # 4 x 4 output blocks, plus the window once
+    name = out.data.name
+    assert sum(key[0] == name for key in layer) == 16  # 4 x 4 output blocks
+    assert sum(key[0] == f"{name}-partial" for key in layer) == 16  # one per patch group
+    # Groups overhang into the next block along y, x or both: 3 x 3 + 3 + 3 interior.
+    assert sum(key[0] == f"{name}-overhang" for key in layer) == 15
     assert out.chunks == ((4,), (128,) * 4, (128,) * 4)
     windows = [k for k in layer if "window" in str(k[0])]
     assert len(windows) == 1

@@ -12,9 +12,12 @@ The record is removed when the output is complete.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import json
 import shutil
+import sys
+import time
 import warnings
 from collections.abc import Hashable, Iterator, Sequence
 from pathlib import Path
@@ -25,11 +28,13 @@ import dask.array as da
 import numpy as np
 import xarray as xr
 from dask.base import tokenize
+from dask.callbacks import Callback
 from dask.delayed import Delayed
 from dask.highlevelgraph import HighLevelGraph
 
 from xpatch.core.checks import check_choice
 from xpatch.core.errors import OptionError
+from xpatch.core.overlap_add import worker_count
 
 Format = Literal["auto", "zarr", "geotiff"]
 FORMATS = ("auto", "zarr", "geotiff")
@@ -201,14 +206,114 @@ def _removed_on_failure(path: Path, record: Path) -> Iterator[None]:
         raise
 
 
-def _finish(tasks: dict, name: str, dependencies: list, progress: bool) -> int:
+#: A wave holds at least this many blocks per worker thread, to keep the cores busy.
+BLOCKS_PER_THREAD = 4
+
+
+def _finish(tasks: dict, indices: dict, name: str, dependencies: list, progress: bool) -> int:
+    """Run the store tasks: on a cluster in one go, locally in waves of block rows."""
     if not tasks:
         return 0
-    final = (f"{name}-all",)
-    tasks[final] = (sum, list(tasks))
-    graph = HighLevelGraph.from_collections(final[0], tasks, dependencies=dependencies)
-    (written,) = compute(Delayed(final, graph, layer=final[0]), progress=progress)
-    return int(written)
+    if _active_client() is not None:
+        # A cluster manages its workers' memory (limits, spilling): one computation.
+        final = (name,)
+        graph = HighLevelGraph.from_collections(
+            name, {**tasks, final: (sum, list(tasks))}, dependencies=dependencies
+        )
+        (written,) = compute(Delayed(final, graph, layer=name), progress=progress)
+        return int(written)
+    graph = HighLevelGraph.from_collections(name, tasks, dependencies=dependencies)
+    return _run_in_waves(dict(graph), indices, progress)
+
+
+def _constant(value: Any) -> Any:
+    return value
+
+
+def _run_in_waves(graph: dict, indices: dict, progress: bool) -> int:
+    """Compute the store tasks wave by wave along the most divided axis.
+
+    A single dask computation over all blocks lets the scheduler start many rows
+    at once, each holding its input chunks and patch groups, so memory grows with
+    the output. A wave is a run of block rows; the only results carried from one
+    wave to the next are the thin overhang pieces of its patch groups (keys with
+    ``-overhang`` in their name), which the next rows need. Input chunks a wave
+    shares with the next are read again rather than held. Each patch group is
+    still computed once.
+    """
+    from dask.optimization import cull
+    from dask.threaded import get as threaded_get
+
+    scheduler = dask.base.get_scheduler() or threaded_get
+    ndim = len(next(iter(indices.values())))
+    counts = [len({index[a] for index in indices.values()}) for a in range(ndim)]
+    axis = int(np.argmax(counts))
+    rows: dict[int, list] = {}
+    for key, index in indices.items():
+        rows.setdefault(index[axis], []).append(key)
+    per_wave = BLOCKS_PER_THREAD * worker_count()
+    waves: list[list] = [[]]
+    for row in sorted(rows):
+        if len(waves[-1]) >= per_wave:
+            waves.append([])
+        waves[-1].extend(rows[row])
+    bar = _BlockProgress(len(indices)) if progress else contextlib.nullcontext()
+    written = 0
+    with bar:
+        for number, keys in enumerate(waves):
+            culled, _ = cull(graph, keys)
+            carry = []
+            if number + 1 < len(waves):
+                upcoming, upcoming_deps = cull(graph, waves[number + 1])
+                carry = [
+                    k
+                    for k in upcoming
+                    if "-overhang" in str(k[0] if isinstance(k, tuple) else k)
+                    and all(d in culled for d in upcoming_deps[k])
+                ]
+                culled, _ = cull(graph, keys + carry)
+            values = scheduler(culled, keys + carry)
+            written += sum(values[: len(keys)])
+            for key, value in zip(carry, values[len(keys) :]):
+                graph[key] = (functools.partial(_constant, value),)
+    return written
+
+
+class _BlockProgress(Callback):
+    """A text progress bar of blocks written, across the waves of one write."""
+
+    def __init__(self, total: int, width: int = 40) -> None:
+        super().__init__()
+        self.total = total
+        self.done = 0
+        self.width = width
+        self.started = time.perf_counter()
+
+    def __enter__(self) -> _BlockProgress:
+        super().__enter__()
+        self._draw()
+        return self
+
+    def __exit__(self, *args: object) -> None:
+        super().__exit__(*args)
+        self._draw()
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+
+    def _posttask(self, key, result, dsk, state, worker_id) -> None:
+        if isinstance(key, tuple) and str(key[0]).startswith("xpatch-write-"):
+            self.done += 1
+            self._draw()
+
+    def _draw(self) -> None:
+        fraction = self.done / self.total if self.total else 1.0
+        filled = int(self.width * fraction)
+        elapsed = time.perf_counter() - self.started
+        sys.stdout.write(
+            f"\r[{'#' * filled}{' ' * (self.width - filled)}] | {fraction:4.0%} Completed | "
+            f"{self.done}/{self.total} blocks | {elapsed:.1f}s"
+        )
+        sys.stdout.flush()
 
 
 def write(
@@ -289,6 +394,7 @@ def write(
 
     group = zarr.open_group(str(path), mode="r+")
     tasks: dict = {}
+    indices: dict = {}
     dependencies = []
     token = tokenize(dataset, str(path))
     for var_name, var in dataset.data_vars.items():
@@ -299,6 +405,7 @@ def write(
             marker = _marker(record, var_name, index)
             if marker.exists():
                 continue
+            indices[(f"xpatch-write-{token}", str(var_name), *index)] = index
             tasks[(f"xpatch-write-{token}", str(var_name), *index)] = (
                 _store_block,
                 (data.name, *index),
@@ -306,7 +413,7 @@ def write(
                 region,
                 str(marker),
             )
-    written = _finish(tasks, f"xpatch-write-{token}", dependencies, progress)
+    written = _finish(tasks, indices, f"xpatch-write-{token}", dependencies, progress)
     with warnings.catch_warnings():
         # zarr 3 notes that consolidated metadata is not in its spec yet; xarray reads it.
         warnings.simplefilter("ignore", UserWarning)
@@ -370,6 +477,7 @@ def _write_geotiff(
             pass
     lock = _write_lock(str(path))
     token = tokenize(data, str(path))
+    indices: dict = {}
     floating = np.issubdtype(result.dtype, np.floating)
     fill = nodata if floating and nodata is not None and not np.isnan(nodata) else None
     tasks: dict = {}
@@ -377,6 +485,7 @@ def _write_geotiff(
         marker = _marker(record, "band_data", index)
         if marker.exists():
             continue
+        indices[(f"xpatch-write-{token}", *index)] = index
         tasks[(f"xpatch-write-{token}", *index)] = (
             _store_geotiff_block,
             (data.name, *index),
@@ -386,7 +495,7 @@ def _write_geotiff(
             str(marker),
             fill,
         )
-    written = _finish(tasks, f"xpatch-write-{token}", [data], progress)
+    written = _finish(tasks, indices, f"xpatch-write-{token}", [data], progress)
     shutil.rmtree(record)
     return written
 

@@ -16,7 +16,7 @@ import numpy as np
 import xarray as xr
 from numpy.typing import DTypeLike
 
-from xpatch.core.apply import BatchFunction, predict_dask
+from xpatch.core.apply import BatchFunction, apply_dask
 from xpatch.core.errors import (
     DimensionError,
     GeometryError,
@@ -739,7 +739,7 @@ class Patcher(Generic[T]):
         >>> import numpy as np, xarray as xr, xpatch
         >>> da = xr.DataArray(np.arange(24.0).reshape(2, 3, 4), dims=("band", "y", "x"))
         >>> p = da.patch(y=2, x=2, stride=1, window="hann")
-        >>> bool(p.apply(lambda batch: batch * 10, batch_size=4).equals(da * 10))
+        >>> bool(np.allclose(p.apply(lambda batch: batch * 10, batch_size=4), da * 10))
         True
         >>> scores = p.apply(lambda b: b.sum(axis=1, keepdims=True), output_dims={"score": 1})
         >>> scores.dims, scores.isel(score=0).values[0].tolist()
@@ -778,24 +778,21 @@ class Patcher(Generic[T]):
         lazy = isinstance(data, da.Array)
         if not lazy:
             data = da.from_array(data, chunks=-1)
-        n_carried = len(carried)
-        patched_axes = list(range(n_carried, n_carried + len(self.dims)))
-        pad_value = check_pad_value(self._pad_value, obj.dtype)
-        patches = extract_dask(
-            data,
-            patched_axes,
-            self._anchor_array(),
-            self._geometry.size,
-            pad_value,
-            self._patch_groups(),
-            whole_axes=list(range(n_carried)),
-        )
         lead_shape = [int(n) for n in output_dims.values()]
-        predictions = predict_dask(patches, fn, batch_size, len(self.dims), lead_shape, dtype)
         template = obj.variable if lazy else None
-        chunks = self._grid_chunks(template, lead_shape, accumulation_dtype(dtype))
-        out = overlap_add_dask(
-            predictions, self._anchor_array(), self._geometry.shape, chunks, self._window, reduce
+        out = apply_dask(
+            data,
+            self._anchor_array(),
+            self._patch_groups(),
+            self._geometry.size,
+            check_pad_value(self._pad_value, obj.dtype),
+            fn,
+            batch_size,
+            lead_shape,
+            dtype,
+            self._grid_chunks(template, lead_shape, accumulation_dtype(dtype)),
+            self._window,
+            reduce,
         )
         if not lazy:
             out = out.compute(scheduler="threads")

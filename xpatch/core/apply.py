@@ -15,6 +15,16 @@ from dask.base import tokenize
 from dask.highlevelgraph import HighLevelGraph
 
 from xpatch.core.errors import PredictionError
+from xpatch.core.extract import extract_task, group_reads
+from xpatch.core.overlap_add import (
+    BlendWindow,
+    Partial,
+    Reduction,
+    accumulation_dtype,
+    assemble_blocks,
+    group_boxes,
+    partial_sums,
+)
 
 #: ``fn(batch) -> batch``: numpy ``(b, *lead_in, *patch)`` to ``(b, *lead_out, *patch)``.
 BatchFunction = Callable[[np.ndarray], np.ndarray]
@@ -74,47 +84,73 @@ def run_batches(
     return out
 
 
-def _run_group(patches, fn, batch_size, n_patched, lead_shape, dtype):
-    return run_batches(patches, fn, batch_size, n_patched, lead_shape, dtype)
+def _apply_task(
+    nested, axes, local_anchors, size, pad_value, fn, batch_size, lead_shape, dtype,
+    anchors, box_origin, box_shape, window, reduce,
+) -> Partial:  # fmt: skip
+    patches = extract_task(nested, axes, local_anchors, size, pad_value)
+    predictions = run_batches(patches, fn, batch_size, len(axes), lead_shape, dtype)
+    del patches
+    return partial_sums(box_origin, box_shape, anchors, predictions, window, reduce)
 
 
-def predict_dask(
-    patches: da.Array,
+def apply_dask(
+    array: da.Array,
+    anchors: np.ndarray,
+    groups: Sequence[tuple[int, int]],
+    size: Sequence[int],
+    pad_value: object,
     fn: BatchFunction,
     batch_size: int,
-    n_patched: int,
     lead_shape: Sequence[int],
     dtype: np.dtype,
+    grid_chunks: Sequence[Sequence[int]],
+    window: np.ndarray | BlendWindow,
+    reduce: Reduction,
 ) -> da.Array:
-    """Apply ``fn`` lazily to each chunk of a ``(n, *lead_in, *patch)`` patch stack.
+    """Sliding-window inference as one lazy graph: patches, ``fn``, overlap-add.
 
-    One task per chunk along the patch axis (the lead and patch axes are made
-    whole first). ``fn`` enters the graph once, under its own key, however many
-    tasks use it.
+    ``array`` holds its patched axes last. Each group of patches is one task that
+    reads the input blocks the group touches, cuts its patches, runs ``fn`` over
+    them in batches and adds the results into the box they span
+    (:func:`~xpatch.core.overlap_add.partial_sums`); the predictions never leave
+    the task. Output blocks combine the pieces of those partials
+    (:func:`~xpatch.core.overlap_add.assemble_blocks`). ``fn`` and the window
+    enter the graph once.
+
+    Returns
+    -------
+    dask.array.Array
+        ``(*lead_shape, *grid)`` in the accumulation dtype of ``dtype``.
     """
-    patches = patches.rechunk({ax: -1 for ax in range(1, patches.ndim)})
-    patch_shape = patches.shape[patches.ndim - n_patched :]
-    token = tokenize(patches, fn, batch_size, tuple(lead_shape), str(dtype))
+    k = len(size)
+    n_carried = array.ndim - k
+    axes = list(range(n_carried, array.ndim))
+    window = BlendWindow.of(window)
+    grid_shape = array.shape[n_carried:]
+    anchor_groups = [anchors[a:b] for a, b in groups]
+    boxes = group_boxes(anchor_groups, size, grid_shape)
+    token = tokenize(array, anchors, groups, size, pad_value, fn, batch_size, lead_shape,
+                     str(dtype), grid_chunks, window.values, reduce)  # fmt: skip
     name = f"xpatch-apply-{token}"
     fn_key = (f"xpatch-fn-{token}",)
-    layer: dict = {fn_key: fn}
-    zeros = (0,) * (patches.ndim - 1)
-    out_zeros = (0,) * (len(lead_shape) + n_patched)
-    for g in range(patches.numblocks[0]):
-        layer[(name, g, *out_zeros)] = (
-            _run_group,
-            (patches.name, g, *zeros),
-            fn_key,
-            batch_size,
-            n_patched,
-            tuple(lead_shape),
-            dtype,
-        )
-    graph = HighLevelGraph.from_collections(name, layer, dependencies=[patches])
-    chunks = (
-        patches.chunks[0],
-        *((int(n),) for n in lead_shape),
-        *((int(n),) for n in patch_shape),
+    window_key = (f"xpatch-window-{token}",)
+    layer: dict = {fn_key: fn, window_key: window}
+    partial_keys = {}
+    reads = group_reads(array, axes, anchors, size, groups, whole_axes=range(n_carried))
+    for g, _, nested, local in reads:
+        key = (f"{name}-partial", g)
+        lo, shape = boxes[g]
+        layer[key] = (
+            _apply_task, nested, axes, local, list(size), pad_value, fn_key, batch_size,
+            tuple(lead_shape), dtype, anchor_groups[g], lo, shape, window_key, reduce,
+        )  # fmt: skip
+        partial_keys[(g, (0,) * len(lead_shape))] = key
+    acc = accumulation_dtype(dtype)
+    lead_chunks = [(int(n),) for n in lead_shape]
+    chunks = assemble_blocks(
+        layer, partial_keys, boxes, grid_chunks, lead_chunks, window_key, window, reduce, acc, name
     )
-    meta = np.empty((0,) * (1 + len(lead_shape) + n_patched), dtype=dtype)
+    graph = HighLevelGraph.from_collections(name, layer, dependencies=[array])
+    meta = np.empty((0,) * (len(lead_shape) + k), dtype=acc)
     return da.Array(graph, name, chunks, meta=meta)

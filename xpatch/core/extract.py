@@ -8,7 +8,7 @@ input's axis order, with each patched axis shortened to the patch size.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import dask.array as da
 import numpy as np
@@ -196,9 +196,54 @@ def max_group_size(patch_shape: Sequence[int], itemsize: int) -> int:
     return max(GROUP_BYTES // patch_bytes, 1)
 
 
-def _extract_task(nested, axes, anchors, size, pad_value):
+def extract_task(nested: list, axes, anchors, size, pad_value) -> np.ndarray:
+    """Join the input blocks a group reads and cut its patches out (a graph task)."""
     region = concatenate3(nested) if isinstance(nested, list) else nested
     return extract_numpy(region, axes, anchors, size, pad_value)
+
+
+def group_reads(
+    array: da.Array,
+    axes: Sequence[int],
+    anchors: np.ndarray,
+    size: Sequence[int],
+    groups: Sequence[tuple[int, int]],
+    whole_axes: Sequence[int] = (),
+) -> Iterator[tuple[int, tuple[int, ...], list, np.ndarray]]:
+    """For each group of patches, the input blocks it reads.
+
+    Yields ``(group, carried_block, nested_keys, local_anchors)``: the group's
+    position, its block index along the carried axes that are not whole (0 along
+    the others), the keys of the input blocks its patches touch (nested as
+    :func:`dask.array.core.concatenate3` takes them) and its anchors relative to
+    the region those blocks cover.
+    """
+    axes = [int(a) for a in axes]
+    carried = [ax for ax in range(array.ndim) if ax not in axes]
+    split = [ax for ax in carried if ax not in whole_axes]
+    starts = [np.concatenate([[0], np.cumsum(c)]) for c in array.chunks]
+    limits = [array.shape[ax] for ax in axes]
+    for g, (start, stop) in enumerate(groups):
+        group = anchors[start:stop]
+        lo = group.min(axis=0)
+        hi = np.minimum(group.max(axis=0) + np.asarray(size), limits)
+        ranges: list[range] = []
+        for ax in range(array.ndim):
+            if ax in axes:
+                j = axes.index(ax)
+                first = int(np.searchsorted(starts[ax], lo[j], side="right")) - 1
+                last = int(np.searchsorted(starts[ax], hi[j], side="left"))
+                ranges.append(range(first, last))
+            else:
+                ranges.append(range(len(array.chunks[ax])))
+        origin = np.array([starts[ax][ranges[ax][0]] for ax in axes])
+        for carried_block in itertools.product(*(ranges[ax] for ax in split)):
+            reads = list(ranges)
+            out_index = [0] * array.ndim
+            for ax, b in zip(split, carried_block):
+                reads[ax] = range(b, b + 1)
+                out_index[ax] = b
+            yield g, tuple(out_index), _nested_keys(array.name, reads), group - origin
 
 
 def extract_dask(
@@ -208,7 +253,6 @@ def extract_dask(
     size: Sequence[int],
     pad_value: object = None,
     groups: Sequence[tuple[int, int]] | None = None,
-    whole_axes: Sequence[int] = (),
 ) -> da.Array:
     """Stack the patches of a dask array lazily, one task per group of patches.
 
@@ -224,9 +268,6 @@ def extract_dask(
     groups
         ``(start, stop)`` runs of the patch index, one task each; default
         :func:`patch_groups` over the input's chunks.
-    whole_axes
-        Carried axes to hand to each task whole (its chunks along them are joined)
-        instead of one task per chunk.
     """
     patch_shape = list(array.shape)
     for ax, s in zip(axes, size):
@@ -238,51 +279,14 @@ def extract_dask(
         return da.empty((0, *patch_shape), dtype=array.dtype, chunks=-1)
     axes = [int(a) for a in axes]
     size = [int(s) for s in size]
-    carried = [ax for ax in range(array.ndim) if ax not in axes]
-    split = [ax for ax in carried if ax not in whole_axes]
-    starts = [np.concatenate([[0], np.cumsum(c)]) for c in array.chunks]
-    token = tokenize(array, anchors, axes, size, pad_value, groups, list(whole_axes))
+    token = tokenize(array, anchors, axes, size, pad_value, groups)
     name = f"xpatch-patches-{token}"
     layer: dict = {}
-    for g, (start, stop) in enumerate(groups):
-        group = anchors[start:stop]
-        lo = group.min(axis=0)
-        hi = np.minimum(group.max(axis=0) + np.asarray(size), [array.shape[ax] for ax in axes])
-        # Per axis: the input chunks the task reads.
-        ranges: list[range] = []
-        for ax in range(array.ndim):
-            if ax in axes:
-                j = axes.index(ax)
-                first = int(np.searchsorted(starts[ax], lo[j], side="right")) - 1
-                last = int(np.searchsorted(starts[ax], hi[j], side="left"))
-                ranges.append(range(first, last))
-            else:
-                ranges.append(range(len(array.chunks[ax])))
-        origin = np.array([starts[ax][ranges[ax][0]] for ax in axes])
-        for carried_block in itertools.product(*(ranges[ax] for ax in split)):
-            reads = list(ranges)
-            for ax, b in zip(split, carried_block):
-                reads[ax] = range(b, b + 1)
-            nested = _nested_keys(array.name, reads)
-            out_index = [0] * array.ndim
-            for ax, b in zip(split, carried_block):
-                out_index[ax] = b
-            layer[(name, g, *out_index)] = (
-                _extract_task,
-                nested,
-                axes,
-                group - origin,
-                size,
-                pad_value,
-            )
+    for g, out_index, nested, local in group_reads(array, axes, anchors, size, groups):
+        layer[(name, g, *out_index)] = (extract_task, nested, axes, local, size, pad_value)
     chunks = [tuple(stop - start for start, stop in groups)]
     for ax in range(array.ndim):
-        if ax in axes:
-            chunks.append((patch_shape[ax],))
-        elif ax in split:
-            chunks.append(array.chunks[ax])
-        else:
-            chunks.append((array.shape[ax],))
+        chunks.append((patch_shape[ax],) if ax in axes else array.chunks[ax])
     graph = HighLevelGraph.from_collections(name, layer, dependencies=[array])
     meta = np.empty((0,) * (array.ndim + 1), dtype=array.dtype)
     return da.Array(graph, name, tuple(chunks), meta=meta)

@@ -17,6 +17,7 @@ import itertools
 import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Literal, NamedTuple, get_args
 
 import dask.array as da
@@ -310,7 +311,8 @@ def accumulate_groups(
     if np.issubdtype(acc, np.inexact) and np.isnan(out if everywhere else out[..., covered]).any():
         # Rare: some prediction holds NaN. Redo the block with per-cell validity so
         # NaN values are skipped rather than spread.
-        return _accumulate_masked(out, weights, placements, prediction_groups, reduce)
+        weight = _masked_sums(out, weights, placements, prediction_groups)
+        return _normalise(out, weight, reduce)
     if not weights.normalised and reduce == "mean":
         with np.errstate(invalid="ignore", divide="ignore"):  # uncovered cells become NaN below
             np.divide(out, weights.total(), out=out)
@@ -354,13 +356,13 @@ def _add_fresh_first(out, weights, placements, prediction_groups, lead_index) ->
             _add_product(region[lead_index + box], values[lead_index + box], weight[box], scratch)
 
 
-def _accumulate_masked(
+def _masked_sums(
     out: np.ndarray,
     weights: _BlockWeights,
     placements: Sequence[_Placement],
     prediction_groups: Sequence[np.ndarray],
-    reduce: Reduction,
 ) -> np.ndarray:
+    """Σ w·x into ``out`` over valid (non-NaN) values only; return Σ w of those values."""
     k = len(weights.block_shape)
     lead_index = (slice(None),) * (out.ndim - k)
     out.fill(0)
@@ -371,10 +373,18 @@ def _accumulate_masked(
         valid = ~np.isnan(values)
         out[lead_index + p.block_index] += np.where(valid, values * w, 0)
         weight[lead_index + p.block_index] += valid * w
+    return weight
+
+
+def _normalise(out: np.ndarray, weight: np.ndarray, reduce: Reduction) -> np.ndarray:
+    """Divide by the total weight (for ``"mean"``) and make uncovered cells NaN."""
     covered = weight > 0
     if reduce == "mean":
-        np.divide(out, weight, out=out, where=covered)
-    out[~covered] = np.nan
+        with np.errstate(invalid="ignore", divide="ignore"):
+            np.divide(out, weight, out=out, where=covered)
+    uncovered = ~np.broadcast_to(covered, out.shape)
+    if uncovered.any():
+        out[uncovered] = np.nan
     return out
 
 
@@ -403,7 +413,8 @@ def accumulate_block(
 PARALLEL_BYTES = 8 * 2**20
 
 
-def _worker_count() -> int:
+def worker_count() -> int:
+    """Return the number of cores this process may run on."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
@@ -443,7 +454,7 @@ def overlap_add(
     lead = predictions.shape[1 : predictions.ndim - len(grid_shape)]
     out = np.empty((*lead, *grid_shape), dtype=accumulation_dtype(predictions.dtype))
     if threads is None:
-        threads = _worker_count() if predictions.nbytes >= PARALLEL_BYTES else 1
+        threads = worker_count() if predictions.nbytes >= PARALLEL_BYTES else 1
     edges = np.linspace(0, grid_shape[0], max(1, min(threads, grid_shape[0])) + 1).astype(int)
     bands = [(int(lo), int(hi)) for lo, hi in itertools.pairwise(edges.tolist())]
     lead_index = (slice(None),) * len(lead)
@@ -465,9 +476,287 @@ def overlap_add(
     return out
 
 
-def _block_task(origin, block_shape, template_shape, dtype, window, reduce, anchor_groups, *groups):
+@dataclass(frozen=True, eq=False)
+class Partial:
+    """What some patches add to a box of the grid, before normalising.
+
+    A lazy reconstruction adds each group of patches into the box they span (a
+    ``Partial``), cuts the box into the pieces that fall on each output block and
+    sums the pieces of a block. Where a group overhangs its block the pieces are
+    thin strips: only they, never whole groups of predictions, wait for the
+    neighbouring block.
+
+    Attributes
+    ----------
+    origin
+        Start of the box along the patched axes.
+    total
+        ``(*lead, *box)``: Σ w·x for ``"mean"`` and ``"sum"`` (0 where nothing
+        landed), or the running max / min (NaN where nothing landed).
+    weight
+        Σ w of the valid values when some value was NaN; None when all were valid,
+        and the window sums of :attr:`anchors` apply.
+    anchors
+        Anchors of the patches that reach the box.
+    """
+
+    origin: tuple[int, ...]
+    total: np.ndarray
+    weight: np.ndarray | None
+    anchors: np.ndarray
+
+    def crop(self, origin: Sequence[int], shape: Sequence[int], size: Sequence[int]):
+        """Return a copy of the part inside ``[origin, origin + shape)``, or None.
+
+        ``size`` is the patch size, to keep the anchors of the patches that reach
+        the part. A copy does not keep the whole box alive.
+        """
+        part = self.view(origin, shape, size)
+        if part is None:
+            return None
+        weight = None if part.weight is None else part.weight.copy()
+        return Partial(part.origin, part.total.copy(), weight, part.anchors)
+
+    def view(self, origin: Sequence[int], shape: Sequence[int], size: Sequence[int]):
+        """Return the part inside ``[origin, origin + shape)`` (views), or None."""
+        k = len(self.origin)
+        extent = self.total.shape[-k:]
+        lo = [max(a, b) for a, b in zip(self.origin, origin)]
+        hi = [min(a + n, b + m) for a, n, b, m in zip(self.origin, extent, origin, shape)]
+        if any(h <= low for low, h in zip(lo, hi)):
+            return None
+        index = (Ellipsis, *(slice(a - o, b - o) for a, b, o in zip(lo, hi, self.origin)))
+        reach = ((self.anchors < hi) & (self.anchors + np.asarray(size) > lo)).all(axis=1)
+        weight = None if self.weight is None else self.weight[index]
+        return Partial(tuple(lo), self.total[index], weight, self.anchors[reach])
+
+
+def partial_sums(
+    origin: Sequence[int],
+    box_shape: Sequence[int],
+    anchors: np.ndarray,
+    predictions: np.ndarray,
+    window: np.ndarray | BlendWindow,
+    reduce: Reduction,
+) -> Partial:
+    """Add one group of patches into the box ``[origin, origin + box_shape)``.
+
+    The counterpart of :func:`accumulate_groups` that does not normalise, so that
+    :func:`combine_partials` can add the partials of several groups.
+
+    Examples
+    --------
+    >>> part = partial_sums([0], [4], np.array([[0], [2]]), np.ones((2, 2)), np.ones(2), "mean")
+    >>> part.total.tolist(), part.weight
+    ([1.0, 1.0, 1.0, 1.0], None)
+    """
+    window = BlendWindow.of(window)
+    k = len(box_shape)
+    origin = tuple(int(o) for o in origin)
+    lead = predictions.shape[1 : predictions.ndim - k]
+    acc = accumulation_dtype(predictions.dtype)
+    out = np.empty((*lead, *(int(n) for n in box_shape)), dtype=acc)
+    placements = _placements(origin, box_shape, [anchors], window.values.shape)
+    reaching = np.array([p.anchor for p in placements], dtype=np.int64).reshape(-1, k)
+    lead_index = (slice(None),) * len(lead)
+    if reduce in ("max", "min"):
+        out.fill(np.nan)
+        combine = np.fmax if reduce == "max" else np.fmin
+        for p in placements:
+            region = out[lead_index + p.block_index]
+            combine(region, predictions[(p.row, *lead_index, *p.patch_index)], out=region)
+        return Partial(origin, out, None, reaching)
+    real = np.empty(0, dtype=acc).real.dtype
+    weights = _BlockWeights(origin, box_shape, placements, window, real, normalise=False)
+    if weights.separable:
+        _add_fresh_first(out, weights, placements, [predictions], lead_index)
+    else:
+        out.fill(0)
+        scratch = np.empty((*lead, *window.values.shape), dtype=acc)
+        for p in placements:
+            values = predictions[(p.row, *lead_index, *p.patch_index)]
+            _add_product(out[lead_index + p.block_index], values, weights.patch_weight(p), scratch)
+    if np.issubdtype(acc, np.inexact) and np.isnan(out).any():
+        weight = _masked_sums(out, weights, placements, [predictions])
+        return Partial(origin, out, weight, reaching)
+    return Partial(origin, out, None, reaching)
+
+
+def combine_partials(
+    origin: Sequence[int],
+    block_shape: Sequence[int],
+    partials: Sequence[Partial],
+    window: np.ndarray | BlendWindow,
+    reduce: Reduction,
+    template: np.ndarray,
+) -> np.ndarray:
+    """Add the partials that fall on one block and normalise: the block's result.
+
+    Returns ``(*lead, *block_shape)`` in the accumulation dtype, NaN where nothing
+    valid landed, as :func:`accumulate_groups` does for the same patches.
+
+    Examples
+    --------
+    >>> w = np.ones(2)
+    >>> parts = [partial_sums([0], [3], np.array([[a]]), np.full((1, 2), v), w, "mean")
+    ...          for a, v in ((0, 1.0), (1, 3.0))]
+    >>> combine_partials([0], [3], parts, w, "mean", np.empty((0, 2))).tolist()
+    [1.0, 2.0, 3.0]
+    """
+    window = BlendWindow.of(window)
+    k = len(block_shape)
+    lead = template.shape[1 : template.ndim - k]
+    acc = accumulation_dtype(template.dtype)
+    out_shape = (*lead, *(int(n) for n in block_shape))
+    origin = [int(o) for o in origin]
+    pieces = []
+    for part in partials:
+        extent = part.total.shape[-k:]
+        inside = all(
+            a >= o and a + n <= o + m
+            for a, n, o, m in zip(part.origin, extent, origin, block_shape)
+        )
+        piece = part if inside else part.view(origin, block_shape, window.values.shape)
+        if piece is not None:
+            pieces.append(piece)
+
+    def region(piece: Partial) -> tuple:
+        extent = piece.total.shape[-k:]
+        offsets = [a - o for a, o in zip(piece.origin, origin)]
+        return (Ellipsis, *(slice(a, a + n) for a, n in zip(offsets, extent)))
+
+    if reduce in ("max", "min"):
+        out = np.full(out_shape, np.nan, dtype=acc)
+        combine = np.fmax if reduce == "max" else np.fmin
+        for piece in pieces:
+            combine(out[region(piece)], piece.total, out=out[region(piece)])
+        return out
+    out = np.zeros(out_shape, dtype=acc)
+    for piece in pieces:
+        out[region(piece)] += piece.total
+    real = np.empty(0, dtype=acc).real.dtype
+
+    def window_sums(box_origin, box_shape, anchors) -> _BlockWeights:
+        placements = _placements(box_origin, box_shape, [anchors], window.values.shape)
+        return _BlockWeights(box_origin, box_shape, placements, window, real, normalise=False)
+
+    if all(piece.weight is None for piece in pieces):
+        anchors = np.concatenate([np.empty((0, k), np.int64), *(p.anchors for p in pieces)])
+        weights = window_sums(origin, block_shape, np.unique(anchors, axis=0))
+        if weights.covers_all():
+            if reduce == "mean":
+                np.divide(out, weights.total().astype(real), out=out)
+            return out
+        return _normalise(out, weights.total(), reduce)
+    weight = np.zeros(out_shape, dtype=real)
+    for piece in pieces:
+        if piece.weight is not None:
+            weight[region(piece)] += piece.weight
+        else:
+            extent = piece.total.shape[-k:]
+            weight[region(piece)] += window_sums(piece.origin, extent, piece.anchors).total()
+    return _normalise(out, weight, reduce)
+
+
+def group_boxes(
+    anchor_groups: Sequence[np.ndarray], size: Sequence[int], grid_shape: Sequence[int]
+) -> list[tuple[list[int], list[int]]]:
+    """Return the box each group of patches spans, clipped to the grid: ``(origin, shape)``."""
+    boxes = []
+    for anchors in anchor_groups:
+        lo = anchors.min(axis=0)
+        hi = np.minimum(anchors.max(axis=0) + np.asarray(size), np.asarray(grid_shape))
+        boxes.append((lo.tolist(), (hi - lo).tolist()))
+    return boxes
+
+
+def _combine_task(origin, block_shape, template_shape, dtype, window, reduce, *partials):
     template = np.empty((0, *template_shape), dtype=dtype)
-    return accumulate_groups(origin, block_shape, anchor_groups, groups, window, reduce, template)
+    present = [part for part in partials if part is not None]
+    return combine_partials(origin, block_shape, present, window, reduce, template)
+
+
+def _overhang_task(partial: Partial, blocks: list, size) -> dict:
+    # Copies: the pieces must not keep the partial's whole box alive.
+    return {block: partial.crop(origin, shape, size) for block, origin, shape in blocks}
+
+
+def _pick(part: Partial | dict, block: tuple) -> Partial | None:
+    return part.get(block) if isinstance(part, dict) else part
+
+
+def _combine_task(block, origin, block_shape, template_shape, dtype, window, reduce, *parts):
+    template = np.empty((0, *template_shape), dtype=dtype)
+    present = [p for p in (_pick(part, block) for part in parts) if p is not None]
+    return combine_partials(origin, block_shape, present, window, reduce, template)
+
+
+def assemble_blocks(
+    layer: dict,
+    partial_keys: dict[tuple[int, tuple[int, ...]], tuple],
+    boxes: Sequence[tuple[Sequence[int], Sequence[int]]],
+    grid_chunks: Sequence[Sequence[int]],
+    lead_chunks: Sequence[Sequence[int]],
+    window_key: tuple,
+    window: BlendWindow,
+    reduce: Reduction,
+    dtype: np.dtype,
+    name: str,
+) -> tuple[tuple[int, ...], ...]:
+    """Add to ``layer`` one task per output block that combines the partials on it.
+
+    ``partial_keys[(g, lead_block)]`` is the key of group ``g``'s partial (over
+    ``boxes[g]``) for one block of the lead axes. The block that holds a partial's
+    origin reads the partial itself; the pieces that overhang into other blocks
+    are copied out by one ``{name}-overhang`` task per partial, so a neighbouring
+    block waits for those thin pieces, not for the whole group. Returns the
+    output's chunks.
+    """
+    k = len(grid_chunks)
+    size = window.values.shape
+    block_starts = [np.concatenate([[0], np.cumsum(c)]).astype(np.int64) for c in grid_chunks]
+    per_block: dict[tuple[int, ...], list[tuple]] = {}
+    for (g, lead_block), key in partial_keys.items():
+        lo, shape = boxes[g]
+        ranges = []
+        for j in range(k):
+            first = int(np.searchsorted(block_starts[j], lo[j], side="right")) - 1
+            last = int(np.searchsorted(block_starts[j], lo[j] + shape[j], side="left"))
+            ranges.append(range(first, last))
+        home = tuple(r[0] for r in ranges)
+        per_block.setdefault((*lead_block, *home), []).append(key)
+        others = [
+            (block, [int(block_starts[j][b]) for j, b in enumerate(block)],
+             [int(grid_chunks[j][b]) for j, b in enumerate(block)])
+            for block in itertools.product(*ranges)
+            if block != home
+        ]  # fmt: skip
+        if others:
+            overhang = (f"{name}-overhang", g, *lead_block)
+            layer[overhang] = (_overhang_task, key, others, size)
+            for block, _, _ in others:
+                per_block.setdefault((*lead_block, *block), []).append(overhang)
+    for lead_block in itertools.product(*(range(len(c)) for c in lead_chunks)):
+        template_shape = (*(lead_chunks[j][b] for j, b in enumerate(lead_block)), *size)
+        for block in itertools.product(*(range(len(c)) for c in grid_chunks)):
+            origin = [int(block_starts[j][b]) for j, b in enumerate(block)]
+            extent = [int(grid_chunks[j][b]) for j, b in enumerate(block)]
+            layer[(name, *lead_block, *block)] = (
+                _combine_task,
+                block,
+                origin,
+                extent,
+                template_shape,
+                dtype,
+                window_key,
+                reduce,
+                *per_block.get((*lead_block, *block), []),
+            )
+    return tuple(tuple(c) for c in lead_chunks) + tuple(tuple(c) for c in grid_chunks)
+
+
+def _partial_task(predictions, anchors, origin, box_shape, window, reduce) -> Partial:
+    return partial_sums(origin, box_shape, anchors, predictions, window, reduce)
 
 
 def overlap_add_dask(
@@ -478,13 +767,14 @@ def overlap_add_dask(
     window: np.ndarray | BlendWindow,
     reduce: Reduction = "mean",
 ) -> da.Array:
-    """Reconstruct dask predictions lazily, one task per output block.
+    """Reconstruct dask predictions lazily: a partial per group, a task per output block.
 
-    Each output block (``grid_chunks`` along the patched axes, the prediction's
-    chunks along the lead axes) is one task that adds the prediction chunks
-    (groups of patches along axis 0) whose patches touch it, group after group.
-    The total weight comes from the anchors and the window alone; the window
-    enters the graph once.
+    Each prediction chunk (a group of patches along axis 0, for one block of the
+    lead axes) is added into the box its patches span (:func:`partial_sums`); each
+    output block (``grid_chunks`` along the patched axes, the prediction's chunks
+    along the lead axes) adds the pieces of the partials that reach it and
+    normalises by the window sums of their anchors, which depend on geometry
+    alone (:func:`combine_partials`). The window enters the graph once.
 
     Parameters
     ----------
@@ -501,47 +791,29 @@ def overlap_add_dask(
     n_lead = predictions.ndim - 1 - k
     window = BlendWindow.of(window)
     predictions = predictions.rechunk({ax: -1 for ax in range(1 + n_lead, predictions.ndim)})
-    group_ends = np.cumsum(predictions.chunks[0]).astype(np.int64)
-    group_starts = group_ends - np.asarray(predictions.chunks[0], dtype=np.int64)
-    size = np.asarray(window.values.shape)
-    anchor_groups = [anchors[s:e] for s, e in zip(group_starts, group_ends)]
-    group_lo = np.array(
-        [a.min(axis=0) if len(a) else np.full(k, 2**62) for a in anchor_groups]
-    ).reshape(-1, k)
-    group_hi = np.array(
-        [a.max(axis=0) + size if len(a) else np.full(k, -1) for a in anchor_groups]
-    ).reshape(-1, k)
-
+    ends = np.cumsum(predictions.chunks[0]).astype(np.int64)
+    starts = ends - np.asarray(predictions.chunks[0], dtype=np.int64)
+    groups = [(int(a), int(b)) for a, b in zip(starts, ends) if b > a]
+    chunk_of_group = [i for i, (a, b) in enumerate(zip(starts, ends)) if b > a]
+    anchor_groups = [anchors[a:b] for a, b in groups]
+    boxes = group_boxes(anchor_groups, window.values.shape, grid_shape)
     acc = accumulation_dtype(predictions.dtype)
     token = tokenize(predictions, anchors, grid_shape, grid_chunks, window.values, reduce)
     name = f"xpatch-overlap-add-{token}"
     window_key = (f"xpatch-window-{token}",)
     layer: dict = {window_key: window}
     lead_chunks = predictions.chunks[1 : 1 + n_lead]
-    block_starts = [np.concatenate([[0], np.cumsum(c)[:-1]]) for c in grid_chunks]
-    for block in itertools.product(*(range(len(c)) for c in grid_chunks)):
-        origin = [int(block_starts[j][b]) for j, b in enumerate(block)]
-        shape = [int(grid_chunks[j][b]) for j, b in enumerate(block)]
-        end = np.asarray(origin) + np.asarray(shape)
-        touching = np.flatnonzero(((group_lo < end) & (group_hi > origin)).all(axis=1))
-        touching_anchors = [anchor_groups[g] for g in touching]
+    partial_keys = {}
+    for g, (chunk, group_anchors, (lo, shape)) in enumerate(
+        zip(chunk_of_group, anchor_groups, boxes)
+    ):
         for lead_block in itertools.product(*(range(len(c)) for c in lead_chunks)):
-            template_shape = (
-                *(lead_chunks[j][b] for j, b in enumerate(lead_block)),
-                *window.values.shape,
-            )
-            keys = [(predictions.name, int(g), *lead_block, *([0] * k)) for g in touching]
-            layer[(name, *lead_block, *block)] = (
-                _block_task,
-                origin,
-                shape,
-                template_shape,
-                predictions.dtype,
-                window_key,
-                reduce,
-                touching_anchors,
-                *keys,
-            )
+            key = (f"{name}-partial", g, *lead_block)
+            source = (predictions.name, chunk, *lead_block, *([0] * k))
+            layer[key] = (_partial_task, source, group_anchors, lo, shape, window_key, reduce)
+            partial_keys[(g, lead_block)] = key
+    chunks = assemble_blocks(
+        layer, partial_keys, boxes, grid_chunks, lead_chunks, window_key, window, reduce, acc, name
+    )
     graph = HighLevelGraph.from_collections(name, layer, dependencies=[predictions])
-    chunks = tuple(lead_chunks) + tuple(tuple(c) for c in grid_chunks)
     return da.Array(graph, name, chunks, dtype=acc, meta=np.empty((0,) * (n_lead + k), acc))
