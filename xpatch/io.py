@@ -12,6 +12,7 @@ The record is removed when the output is complete.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import functools
 import itertools
 import json
@@ -207,7 +208,7 @@ def _removed_on_failure(path: Path, record: Path) -> Iterator[None]:
 
 
 #: A wave holds at least this many blocks per worker thread, to keep the cores busy.
-BLOCKS_PER_THREAD = 4
+BLOCKS_PER_THREAD = 2
 
 
 def _finish(tasks: dict, indices: dict, name: str, dependencies: list, progress: bool) -> int:
@@ -230,53 +231,89 @@ def _constant(value: Any) -> Any:
     return value
 
 
-def _run_in_waves(graph: dict, indices: dict, progress: bool) -> int:
-    """Compute the store tasks wave by wave along the most divided axis.
+def _is_overhang(key: Any) -> bool:
+    return "-overhang" in str(key[0] if isinstance(key, tuple) else key)
 
-    A single dask computation over all blocks lets the scheduler start many rows
-    at once, each holding its input chunks and patch groups, so memory grows with
-    the output. A wave is a run of block rows; the only results carried from one
-    wave to the next are the thin overhang pieces of its patch groups (keys with
-    ``-overhang`` in their name), which the next rows need. Input chunks a wave
-    shares with the next are read again rather than held. Each patch group is
-    still computed once.
+
+def _run_in_waves(graph: dict, indices: dict, progress: bool) -> int:
+    """Compute the store tasks in waves of a few blocks, in row-major block order.
+
+    One dask computation over all blocks lets the local scheduler start many block
+    rows at once, each holding its input chunks and patch groups, so memory grows
+    with the output. Waves bound it: each computes a few blocks, and the only
+    results kept from one wave for later ones are the thin overhang pieces of its
+    patch groups (keys with ``-overhang`` in their name) that blocks still to come
+    need; input chunks a later wave shares are read again rather than held. Each
+    patch group is still computed once, in the wave of its home block.
     """
     from dask.optimization import cull
     from dask.threaded import get as threaded_get
 
     scheduler = dask.base.get_scheduler() or threaded_get
-    ndim = len(next(iter(indices.values())))
-    counts = [len({index[a] for index in indices.values()}) for a in range(ndim)]
-    axis = int(np.argmax(counts))
-    rows: dict[int, list] = {}
-    for key, index in indices.items():
-        rows.setdefault(index[axis], []).append(key)
-    per_wave = BLOCKS_PER_THREAD * worker_count()
-    waves: list[list] = [[]]
-    for row in sorted(rows):
-        if len(waves[-1]) >= per_wave:
-            waves.append([])
-        waves[-1].extend(rows[row])
+    ordered = sorted(indices, key=lambda key: (indices[key], str(key)))
+    size = BLOCKS_PER_THREAD * worker_count()
+    waves = [ordered[i : i + size] for i in range(0, len(ordered), size)]
+    from dask.core import get_dependencies
+
+    # Per overhang: the wave that computes its patch group (where it must be kept
+    # from) and the last wave that needs it.
+    computed_in: dict = {}
+    last: dict = {}
+    for number, keys in enumerate(waves):
+        culled, _ = cull(graph, keys)
+        for key in culled:
+            computed_in.setdefault(key, number)
+            if _is_overhang(key):
+                last[key] = number
+    first = {
+        key: min(computed_in[dep] for dep in get_dependencies(graph, key))
+        for key in last
+    }
     bar = _BlockProgress(len(indices)) if progress else contextlib.nullcontext()
     written = 0
+    carried: dict = {}  # overhang key -> its pieces still needed
     with bar:
         for number, keys in enumerate(waves):
-            culled, _ = cull(graph, keys)
-            carry = []
-            if number + 1 < len(waves):
-                upcoming, upcoming_deps = cull(graph, waves[number + 1])
-                carry = [
-                    k
-                    for k in upcoming
-                    if "-overhang" in str(k[0] if isinstance(k, tuple) else k)
-                    and all(d in culled for d in upcoming_deps[k])
-                ]
-                culled, _ = cull(graph, keys + carry)
-            values = scheduler(culled, keys + carry)
+            keep = [key for key, start in first.items() if start == number and last[key] > number]
+            culled, _ = cull(graph, keys + keep)
+            values = scheduler(culled, keys + keep)
             written += sum(values[: len(keys)])
-            for key, value in zip(carry, values[len(keys) :]):
-                graph[key] = (functools.partial(_constant, value),)
+            carried.update(zip(keep, values[len(keys) :]))
+            del values
+            upcoming = {indices[key] for wave in waves[number + 1 :] for key in wave}
+            for key in list(carried):
+                if last[key] <= number:
+                    del carried[key]
+                    del graph[key]
+                else:
+                    carried[key] = _needed(carried[key], upcoming)
+                    graph[key] = (functools.partial(_constant, carried[key]),)
+            _trim_memory()
     return written
+
+
+def _needed(value: Any, upcoming: set) -> Any:
+    """Drop the pieces of an overhang that no block still to come needs."""
+    if not isinstance(value, dict):
+        return value
+    return {
+        block: piece
+        for block, piece in value.items()
+        if any(index[-len(block) :] == tuple(block) for index in upcoming)
+    }
+
+
+def _trim_memory() -> None:
+    """Hand memory freed by a wave back to the OS.
+
+    glibc keeps freed large blocks for reuse, so the resident size would stay at
+    the peak of the busiest wave; dask.distributed trims its workers the same way.
+    """
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:  # not glibc
+        return
+    libc.malloc_trim(0)
 
 
 class _BlockProgress(Callback):

@@ -85,10 +85,10 @@ def run_batches(
 
 
 def _apply_task(
-    nested, axes, local_anchors, size, pad_value, fn, batch_size, lead_shape, dtype,
+    nested, crops, axes, local_anchors, size, pad_value, fn, batch_size, lead_shape, dtype,
     anchors, box_origin, box_shape, window, reduce,
 ) -> Partial:  # fmt: skip
-    patches = extract_task(nested, axes, local_anchors, size, pad_value)
+    patches = extract_task(nested, crops, axes, local_anchors, size, pad_value)
     predictions = run_batches(patches, fn, batch_size, len(axes), lead_shape, dtype)
     del patches
     return partial_sums(box_origin, box_shape, anchors, predictions, window, reduce)
@@ -138,11 +138,11 @@ def apply_dask(
     layer: dict = {fn_key: fn, window_key: window}
     partial_keys = {}
     reads = group_reads(array, axes, anchors, size, groups, whole_axes=range(n_carried))
-    for g, _, nested, local in reads:
+    for g, _, nested, crops, local in reads:
         key = (f"{name}-partial", g)
         lo, shape = boxes[g]
         layer[key] = (
-            _apply_task, nested, axes, local, list(size), pad_value, fn_key, batch_size,
+            _apply_task, nested, crops, axes, local, list(size), pad_value, fn_key, batch_size,
             tuple(lead_shape), dtype, anchor_groups[g], lo, shape, window_key, reduce,
         )  # fmt: skip
         partial_keys[(g, (0,) * len(lead_shape))] = key

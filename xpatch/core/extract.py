@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import dask.array as da
 import numpy as np
@@ -196,10 +197,24 @@ def max_group_size(patch_shape: Sequence[int], itemsize: int) -> int:
     return max(GROUP_BYTES // patch_bytes, 1)
 
 
-def extract_task(nested: list, axes, anchors, size, pad_value) -> np.ndarray:
-    """Join the input blocks a group reads and cut its patches out (a graph task)."""
-    region = concatenate3(nested) if isinstance(nested, list) else nested
-    return extract_numpy(region, axes, anchors, size, pad_value)
+def join_blocks(nested: list, crops: Sequence[Sequence[slice]]) -> np.ndarray:
+    """Concatenate nested blocks, each cut to ``crops[axis][position]`` first.
+
+    Only the part of each block that the patches need is copied: a group reads
+    thin strips of its neighbours' chunks, not the whole chunks.
+    """
+
+    def cut(item, depth: int, index: tuple) -> Any:
+        if isinstance(item, list):
+            return [cut(sub, depth + 1, (*index, i)) for i, sub in enumerate(item)]
+        return item[tuple(crops[axis][i] for axis, i in enumerate(index))]
+
+    return concatenate3(cut(nested, 0, ()))
+
+
+def extract_task(nested: list, crops, axes, anchors, size, pad_value) -> np.ndarray:
+    """Join the input pieces a group reads and cut its patches out (a graph task)."""
+    return extract_numpy(join_blocks(nested, crops), axes, anchors, size, pad_value)
 
 
 def group_reads(
@@ -212,11 +227,12 @@ def group_reads(
 ) -> Iterator[tuple[int, tuple[int, ...], list, np.ndarray]]:
     """For each group of patches, the input blocks it reads.
 
-    Yields ``(group, carried_block, nested_keys, local_anchors)``: the group's
-    position, its block index along the carried axes that are not whole (0 along
-    the others), the keys of the input blocks its patches touch (nested as
-    :func:`dask.array.core.concatenate3` takes them) and its anchors relative to
-    the region those blocks cover.
+    Yields ``(group, carried_block, nested_keys, crops, local_anchors)``: the
+    group's position, its block index along the carried axes that are not whole
+    (0 along the others), the keys of the input blocks its patches touch (nested
+    as :func:`dask.array.core.concatenate3` takes them), the part of each block
+    they need (per axis, one slice per block) and the anchors relative to the
+    region those parts cover.
     """
     axes = [int(a) for a in axes]
     carried = [ax for ax in range(array.ndim) if ax not in axes]
@@ -236,14 +252,31 @@ def group_reads(
                 ranges.append(range(first, last))
             else:
                 ranges.append(range(len(array.chunks[ax])))
-        origin = np.array([starts[ax][ranges[ax][0]] for ax in axes])
+        crops: list[list[slice]] = []
+        for ax in range(array.ndim):
+            if ax in axes:
+                j = axes.index(ax)
+                crops.append(
+                    [
+                        slice(
+                            max(int(lo[j]) - int(starts[ax][b]), 0),
+                            min(int(hi[j]), int(starts[ax][b + 1])) - int(starts[ax][b]),
+                        )
+                        for b in ranges[ax]
+                    ]
+                )
+            else:
+                crops.append([slice(None)] * len(ranges[ax]))
         for carried_block in itertools.product(*(ranges[ax] for ax in split)):
             reads = list(ranges)
             out_index = [0] * array.ndim
+            block_crops = list(crops)
             for ax, b in zip(split, carried_block):
                 reads[ax] = range(b, b + 1)
                 out_index[ax] = b
-            yield g, tuple(out_index), _nested_keys(array.name, reads), group - origin
+                block_crops[ax] = [slice(None)]
+            nested = _nested_keys(array.name, reads)
+            yield g, tuple(out_index), nested, block_crops, group - lo
 
 
 def extract_dask(
@@ -282,8 +315,8 @@ def extract_dask(
     token = tokenize(array, anchors, axes, size, pad_value, groups)
     name = f"xpatch-patches-{token}"
     layer: dict = {}
-    for g, out_index, nested, local in group_reads(array, axes, anchors, size, groups):
-        layer[(name, g, *out_index)] = (extract_task, nested, axes, local, size, pad_value)
+    for g, out_index, nested, crops, local in group_reads(array, axes, anchors, size, groups):
+        layer[(name, g, *out_index)] = (extract_task, nested, crops, axes, local, size, pad_value)
     chunks = [tuple(stop - start for start, stop in groups)]
     for ax in range(array.ndim):
         chunks.append((patch_shape[ax],) if ax in axes else array.chunks[ax])
