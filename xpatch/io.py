@@ -1,12 +1,16 @@
 """Write lazy results out of core, block by block, resumably, with progress.
 
 :func:`write` streams a (dask-backed) DataArray or Dataset to zarr or to a tiled
-GeoTIFF. Blocks are computed in one dask computation, so a patch shared by
-neighbouring blocks is computed once, and each block is written as soon as it is
-ready: peak memory stays at a few blocks and their patch groups. A progress
-record beside the output (``<output>.xpatch-progress/``) lists the blocks
-written; a run that was interrupted and is started again redoes only the others.
-The record is removed when the output is complete.
+GeoTIFF, each block as soon as it is ready. On the local schedulers the blocks
+are computed in waves of a few blocks, in row-major order; between waves only the
+thin pieces by which patch groups overhang into blocks still to come are kept,
+so each patch is computed once and peak memory stays at a few blocks, their
+patch groups and one row of overhangs, whatever the size of the output. On a
+``dask.distributed`` cluster the write is one computation, and the cluster's
+memory management applies. A progress record beside the output
+(``<output>.xpatch-progress/``) lists the blocks written; a run that was
+interrupted and is started again redoes only the others. The record is removed
+when the output is complete.
 """
 
 from __future__ import annotations

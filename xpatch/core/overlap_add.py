@@ -4,10 +4,13 @@ Layout convention: predictions are ``(n, *lead, *patch)`` with the patched axes
 last, in the order of the geometry's dims; the output is ``(*lead, *grid)``.
 ``lead`` holds the non-patched dims of the predictions (bands, classes, ...).
 
-The eager and the dask paths share one kernel, :func:`accumulate_block`, which
-adds every patch that touches an output block into that block. NaN predictions
-are skipped (they add neither value nor weight); cells that no valid value
-reaches are NaN.
+The eager path adds every patch into the grid in one pass per band of rows
+(:func:`accumulate_groups`, :func:`overlap_add`). The dask path adds each group
+of patches into the box it spans (:func:`partial_sums`), and each output block
+combines the pieces of the boxes that reach it (:func:`combine_partials`); both
+use the same placement and weight code, and the total weight Σw always comes
+from the anchors and the window alone. NaN predictions are skipped (they add
+neither value nor weight); cells that no valid value reaches are NaN.
 """
 
 from __future__ import annotations
