@@ -645,7 +645,7 @@ def combine_partials(
 
     if all(piece.weight is None for piece in pieces):
         anchors = np.concatenate([np.empty((0, k), np.int64), *(p.anchors for p in pieces)])
-        weights = window_sums(origin, block_shape, np.unique(anchors, axis=0))
+        weights = window_sums(origin, block_shape, anchors)
         if weights.covers_all():
             if reduce == "mean":
                 np.divide(out, weights.total().astype(real), out=out)
