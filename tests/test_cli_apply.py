@@ -128,3 +128,14 @@ def test_load_function_from_a_module_and_a_file(model_file):
     assert load_function("numpy:negative") is np.negative
     double = load_function(f"{model_file}:double")
     assert double(np.ones(2)).tolist() == [2.0, 2.0]
+
+
+def test_netcdf_in_zarr_out(tmp_path, model_file, raster, capsys):
+    source = tmp_path / "in.nc"
+    raster.to_dataset().to_netcdf(source)  # scipy's netCDF3 writer: no extra dependency
+    target = tmp_path / "out.zarr"
+    argv = ["apply", str(source), str(target), "--fn", f"{model_file}:double"]
+    assert main([*argv, "--size", "30", "--stride", "20", "--window", "triangular"]) == 0
+    written = xr.open_zarr(target)["reflectance"]
+    assert written.dims == ("band", "y", "x")
+    np.testing.assert_allclose(written, raster * 2, rtol=1e-6)
