@@ -1,6 +1,6 @@
 """Scale benchmarks of xpatch: graph size, lazy vs eager, apply throughput, out-of-core memory.
 
-Run ``python benchmarks/bench_scale.py`` (several minutes) or ``--quick`` (< 1 min).
+Run ``python benchmarks/bench_scale.py`` (about a minute on 2 cores) or ``--quick`` (~10 s).
 
 Every figure is a ratio or a count measured in this run (tasks per input chunk,
 lazy / eager time, library / numpy-loop rate, peak memory / output size), because
@@ -17,6 +17,7 @@ import gc
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -130,9 +131,17 @@ def lazy_input(n: int, chunk: int, seed: int = 0) -> xr.DataArray:
     return xr.DataArray(data, dims=DIMS, name="data")
 
 
-def layer_kind(name: str) -> str:
-    """A graph layer's name without its token."""
-    return name.rsplit("-", 1)[0]
+#: A dask token inside a key name: 32 hex digits between dashes or at the end.
+TOKEN = re.compile(r"-[0-9a-f]{32}(?=-|$)")
+
+
+def key_kind(key: object) -> str:
+    """A dask key's name without its token.
+
+    ``('xpatch-apply-<token>-partial', 3)`` -> ``'xpatch-apply-partial'``.
+    """
+    name = key[0] if isinstance(key, tuple) else key
+    return TOKEN.sub("", str(name))
 
 
 # -- 1. graph tasks vs chunks ----------------------------------------------------------
@@ -156,11 +165,13 @@ def graph_figures(n: int, s: Sizes) -> dict:
         recon_tasks = len(recon_graph)
         apply_tasks = len(apply_graph)
     seconds = time.perf_counter() - start
+    # Group the keys by name, not the layers: one layer holds several kinds of tasks
+    # (an apply layer has its per-group partials and overhangs and its output blocks).
     kinds: dict[str, dict[str, int]] = {}
     for label, graph in (("reconstruct", recon_graph), ("apply", apply_graph)):
-        for name, layer in graph.layers.items():
-            counts = kinds.setdefault(layer_kind(name), {})
-            counts[label] = counts.get(label, 0) + len(layer)
+        for key in graph:
+            counts = kinds.setdefault(key_kind(key), {})
+            counts[label] = counts.get(label, 0) + 1
     return {
         "n": n,
         "chunks": n_chunks,
@@ -217,7 +228,7 @@ def bench_graph(s: Sizes) -> dict:
     )
     main = figures[0]
     print(
-        "\ntasks by layer kind at "
+        "\ntasks by key name (token stripped) at "
         f"{main['n']}^2 (reconstruct / apply): "
         + ", ".join(
             f"{kind} {c.get('reconstruct', 0)}/{c.get('apply', 0)}"
@@ -227,7 +238,11 @@ def bench_graph(s: Sizes) -> dict:
     print(
         "(recon = p.reconstruct(p.patches()), apply = p.apply(lambda b: b * 2, "
         f"batch_size={s.batch}); 'computes' = dask computations started while building, "
-        "under a scheduler that raises; 'build' includes len(p) and both graphs)"
+        "under a scheduler that raises; 'build' includes len(p) and both graphs; "
+        "per patch group one '-partial' task (apply: extract + fn + add into the group's box) "
+        "and one '-overhang' task (the pieces that overhang into neighbouring blocks; none "
+        "if nothing does), "
+        "per output block one combine task ('xpatch-apply', 'xpatch-overlap-add'))"
     )
     return {"figures": figures}
 
@@ -434,42 +449,6 @@ class RssSampler(threading.Thread):
         self.join()
 
 
-def key_kind(key: object) -> str:
-    """The layer kind of a dask key: its name without the token."""
-    name = key[0] if isinstance(key, tuple) else key
-    return layer_kind(str(name))
-
-
-class SchedulerWatch(Callback):
-    """What the local scheduler holds: the peak bytes of finished results it keeps.
-
-    Also records the order in which rows of output blocks are first computed.
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.peak = 0
-        self.peak_kinds: dict[str, list[int]] = {}
-        self.rows: list[int] = []
-
-    def _pretask(self, key, dsk, state) -> None:
-        if key_kind(key) == "xpatch-overlap-add" and key[-2] not in self.rows:
-            self.rows.append(int(key[-2]))
-
-    def _posttask(self, key, result, dsk, state, id) -> None:
-        total = 0
-        kinds: dict[str, list[int]] = {}
-        for cached_key, value in state["cache"].items():
-            nbytes = int(getattr(value, "nbytes", 0) or 0)
-            total += nbytes
-            entry = kinds.setdefault(key_kind(cached_key), [0, 0])
-            entry[0] += 1
-            entry[1] += nbytes
-        if total > self.peak:
-            self.peak = total
-            self.peak_kinds = {k: v for k, v in kinds.items() if v[1]}
-
-
 def child(args: argparse.Namespace) -> int:
     """One out-of-core write in this (fresh) process; print its figures as one JSON line."""
     import zarr  # imported by the write anyway: count it in the baseline
@@ -480,12 +459,10 @@ def child(args: argparse.Namespace) -> int:
     sampler.start()
     data = lazy_input(args.n, args.chunk)
     p = data.patch(y=args.patch, x=args.patch, stride=args.stride, window="hann")
-    config = {"optimization.fuse.active": False} if args.no_fuse else {}
-    watch = SchedulerWatch()
+    fn = CallCounter(double)  # thread-safe: counts the patches that went through fn
     start = time.perf_counter()
-    with dask.config.set(config), watch:
-        result = p.apply(double, batch_size=args.batch)
-        blocks = xpatch.write(result, args.out, progress=False)
+    result = p.apply(fn, batch_size=args.batch)
+    blocks = xpatch.write(result, args.out, progress=False)
     seconds = time.perf_counter() - start
     peak = peak_rss()
     maxrss = max_rss()
@@ -508,12 +485,11 @@ def child(args: argparse.Namespace) -> int:
         "maxrss": maxrss,
         "sampled_peak": sampler.peak,
         "peak_at": sampler.peak_at,
-        "held": watch.peak,
-        "held_kinds": watch.peak_kinds,
-        "rows": watch.rows,
         "seconds": seconds,
         "blocks": blocks,
         "patches": len(p),
+        "fn_patches": fn.patches,
+        "fn_calls": fn.calls,
         "groups": p.patches().data.npartitions,
         "output": int(np.prod(result.shape)) * result.dtype.itemsize,
         "disk": disk,
@@ -523,9 +499,7 @@ def child(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_child(
-    n: int, chunk: int, s: Sizes, *, no_fuse: bool = False, env: dict[str, str] | None = None
-) -> dict:
+def run_child(n: int, chunk: int, s: Sizes) -> dict:
     """Run one out-of-core write in a fresh process; delete its output afterwards."""
     tmp = Path(tempfile.mkdtemp(prefix="xpatch-bench-scale-"))
     options = {"n": n, "chunk": chunk, "patch": s.patch, "stride": s.stride, "batch": s.batch}
@@ -533,13 +507,9 @@ def run_child(
     for name, value in options.items():
         command += [f"--{name}", str(value)]
     command += ["--out", str(tmp / "out.zarr")]
-    if no_fuse:
-        command.append("--no-fuse")
     start = time.perf_counter()
     try:
-        done = subprocess.run(
-            command, capture_output=True, text=True, check=False, env={**os.environ, **(env or {})}
-        )
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     wall = time.perf_counter() - start
@@ -553,105 +523,6 @@ def run_child(
     return figures
 
 
-def sweep_held(n: int, chunk: int, s: Sizes) -> dict:
-    """Bytes a row-by-row sweep of the write graph would hold at its worst moment.
-
-    The graph of ``xpatch.write(p.apply(...))`` is rebuilt without computing
-    anything (the apply graph, one store task per output block), then run on paper
-    one task at a time: output blocks in row-major order, each preceded by the
-    tasks it needs. Held bytes are the results that some task still needs (and the
-    running task's own), sized from the chunks.
-    """
-    from dask.core import get_deps
-
-    data = lazy_input(n, chunk)
-    p = data.patch(y=s.patch, x=s.patch, stride=s.stride, window="hann")
-    arr = p.apply(double, batch_size=s.batch).data
-    group_sizes = p.patches().data.chunks[0]
-    patch_bytes = BANDS * s.patch * s.patch * np.dtype(np.float32).itemsize
-    block_bytes = BANDS * chunk * chunk * np.dtype(np.float32).itemsize
-    dsk = dict(arr.__dask_graph__())
-    blocks = sorted(k for k in dsk if key_kind(k) == "xpatch-overlap-add")
-    for block in blocks:
-        dsk[("store", *block[1:])] = (len, block)
-    deps, dependents = get_deps(dsk)
-
-    def size(key: object) -> int:
-        kind = key_kind(key)
-        if kind in ("xpatch-patches", "xpatch-apply"):
-            return group_sizes[key[1]] * patch_bytes
-        if kind in ("random", "xpatch-overlap-add"):
-            return block_bytes
-        return 0
-
-    sequence: list = []
-    seen: set = set()
-
-    def visit(key: object) -> None:
-        if key in seen:
-            return
-        for dep in sorted(deps[key], key=lambda k: (key_kind(k), str(k))):
-            visit(dep)
-        seen.add(key)
-        sequence.append(key)
-
-    for block in blocks:
-        visit(("store", *block[1:]))
-    waiting = {key: len(d) for key, d in dependents.items()}
-    held: dict = {}
-    peak, at_peak = 0, {}
-    for key in sequence:
-        held[key] = size(key)
-        total = sum(held.values())
-        if total > peak:
-            peak, at_peak = total, dict(held)
-        for dep in deps[key]:
-            waiting[dep] -= 1
-            if waiting[dep] == 0:
-                held.pop(dep, None)
-        if waiting[key] == 0:
-            held.pop(key, None)
-    kinds: dict[str, list[int]] = {}
-    for key, nbytes in at_peak.items():
-        if nbytes:
-            entry = kinds.setdefault(key_kind(key), [0, 0])
-            entry[0] += 1
-            entry[1] += nbytes
-    return {"peak": peak, "kinds": kinds}
-
-
-def fmt_kinds(kinds: dict[str, list[int]]) -> str:
-    """Held results by kind: ``count x kind (MiB)``; input chunks, patches, predictions."""
-    short = {
-        "random": "in",
-        "xpatch-patches": "patch",
-        "xpatch-apply": "pred",
-        "xpatch-overlap-add": "out",
-    }
-    return " ".join(
-        f"{count}{short.get(kind, kind)}:{nbytes / MiB:.0f}"
-        for kind, (count, nbytes) in sorted(kinds.items(), key=lambda kv: -kv[1][1])
-    )
-
-
-def fmt_rows(rows: list[int]) -> str:
-    """Rows of output blocks in the order the scheduler started them, runs collapsed."""
-    parts: list[str] = []
-    run = [rows[0]] if rows else []
-    for r in rows[1:]:
-        if abs(r - run[-1]) == 1 and (len(run) == 1 or r - run[-1] == run[-1] - run[-2]):
-            run.append(r)
-            continue
-        parts.append(str(run[0]) if len(run) == 1 else f"{run[0]}..{run[-1]}")
-        run = [r]
-    if run:
-        parts.append(str(run[0]) if len(run) == 1 else f"{run[0]}..{run[-1]}")
-    return ",".join(parts)
-
-
-MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(MiB)}
-
-
 def bench_ooc(s: Sizes) -> dict:
     """Peak resident memory of ``xpatch.write(p.apply(...))`` at two output sizes."""
     runs = [run_child(n, s.ooc_chunk, s) for n in s.ooc_grids]
@@ -663,6 +534,7 @@ def bench_ooc(s: Sizes) -> dict:
                 f"({BANDS}, {n}, {n})",
                 fmt_mib(r["output"]),
                 f"{r['patches']:,}",
+                f"{r['fn_patches']:,}",
                 r["groups"],
                 r["blocks"],
                 fmt_mib(r["baseline"]),
@@ -679,12 +551,13 @@ def bench_ooc(s: Sizes) -> dict:
     print_table(
         f"4. out-of-core peak memory: xpatch.write(p.apply(b * 2, batch_size={s.batch}), "
         f"'out.zarr'), float32 input generated by dask in ({BANDS}, {s.ooc_chunk}, "
-        f"{s.ooc_chunk}) chunks, {s.patch}x{s.patch} stride {s.stride} hann, threads, "
-        "one fresh process per row",
+        f"{s.ooc_chunk}) chunks, {s.patch}x{s.patch} stride {s.stride} hann, local threads "
+        "in waves of a few blocks, one fresh process per row",
         [
             "output",
             "size",
             "patches",
+            "fn patches",
             "groups",
             "blocks",
             "baseline RSS",
@@ -704,7 +577,8 @@ def bench_ooc(s: Sizes) -> dict:
         "xpatch); peak RSS = its VmHWM after the write; ru_maxrss = getrusage after the write, "
         "which on Linux carries over the parent's peak through fork and exec (here "
         f"{fmt_mib(runs[0]['maxrss_start'])} already at the child's start), so VmHWM is used; "
-        "max|err| = two output blocks against 2 x input"
+        "patches = len(p); fn patches = the patches that went through fn in the child "
+        "(a thread-safe counter in fn); max|err| = two output blocks against 2 x input"
     )
     for r in runs:
         print(
@@ -712,77 +586,7 @@ def bench_ooc(s: Sizes) -> dict:
             f"of {r['seconds']:.1f} s; zarr on disk {fmt_mib(r['disk'])}; "
             f"child wall {r['wall']:.1f} s"
         )
-
-    # Where the memory goes: results the scheduler holds (measured, and on paper for a
-    # row-by-row sweep), the order it visits rows of output blocks, and the rest of RSS.
-    rows = []
-    sweeps = []
-    for r in runs:
-        sweep = sweep_held(r["n"], s.ooc_chunk, s)
-        sweeps.append(sweep)
-        rest = r["peak"] - r["baseline"] - r["held"]
-        rows.append(
-            [
-                fmt_mib(r["output"]),
-                fmt_mib(r["held"]),
-                fmt_kinds(r["held_kinds"]),
-                fmt_mib(sweep["peak"]),
-                fmt_kinds(sweep["kinds"]),
-                fmt_mib(rest),
-                fmt_rows(r["rows"]),
-            ]
-        )
-    print_table(
-        "4b. why: results held by dask's threaded scheduler at its worst moment (measured "
-        "with a callback) against a row-by-row sweep of the same graph (on paper)",
-        [
-            "output",
-            "held",
-            "held: count kind:MiB",
-            "row sweep",
-            "row sweep: count kind:MiB",
-            "peak - base - held",
-            "block rows in run order",
-        ],
-        rows,
-    )
-    print(
-        "\n(in = input chunk, pred = prediction group, patch = patch group, out = output "
-        "block; 'peak - base - held' = RSS the scheduler's results do not explain: running "
-        "tasks' inputs and temporaries, zarr buffers, memory the allocator keeps)"
-    )
-
-    variants = [
-        ("default", {}),
-        ("optimization.fuse.active=False", {"no_fuse": True}),
-        (f"MALLOC_MMAP_THRESHOLD_={MiB}", {"env": MALLOC_ENV}),
-        (f"chunks {s.ooc_chunk // 2}", {"chunk": s.ooc_chunk // 2}),
-    ]
-    grids = s.ooc_grids
-    table = []
-    found: dict[str, list[dict]] = {}
-    for label, options in variants:
-        row = [label]
-        for n, base in zip(grids, runs):
-            if label == "default":
-                r = base
-            else:
-                options = dict(options)
-                chunk = options.pop("chunk", s.ooc_chunk)
-                r = run_child(n, chunk, s, **options)
-            found.setdefault(label, []).append(r)
-            row += [fmt_mib(r["peak"]), fmt_mib(r["held"]), f"{r['seconds']:.1f} s"]
-        table.append(row)
-    header = ["variant"]
-    for n in grids:
-        header += [f"{n}^2 peak", "held", "write"]
-    print_table("4c. variants of the out-of-core write (one fresh process each)", header, table)
-    print(
-        "\n(xpatch.write computes one dask.delayed object, whose optimisation consults "
-        "optimization.fuse.delayed, not optimization.fuse.active; MALLOC_MMAP_THRESHOLD_ "
-        "fixes glibc's mmap threshold so freed large arrays go back to the OS at once)"
-    )
-    return {"runs": runs, "sweeps": sweeps, "variants": found, "grids": grids}
+    return {"runs": runs}
 
 
 # -- main ------------------------------------------------------------------------------------
@@ -799,7 +603,6 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--stride", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--batch", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
-    parser.add_argument("--no-fuse", action="store_true", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
@@ -845,24 +648,10 @@ def main(argv: list[str] | None = None) -> int:
             f"- out-of-core write {fmt_mib(r['output'])}: peak RSS {fmt_mib(r['peak'])} "
             f"({fmt_mib(r['peak'] - r['baseline'])} over a {fmt_mib(r['baseline'])} baseline) "
             f"= {r['peak'] / r['output']:.3f}x the output; "
-            f"{'under' if r['peak'] < TARGET_PEAK else 'OVER'} {TARGET_PEAK // MiB} MiB"
-        )
-    for r, sweep in zip(oc["runs"], oc["sweeps"]):
-        print(
-            f"- why at {fmt_mib(r['output'])}: the scheduler held {fmt_mib(r['held'])} of results "
-            f"at worst ({fmt_kinds(r['held_kinds'])}) against {fmt_mib(sweep['peak'])} for a "
-            f"row-by-row sweep; block rows run as {fmt_rows(r['rows'])}; "
-            f"{fmt_mib(r['peak'] - r['baseline'] - r['held'])} of RSS beyond baseline + held"
-        )
-    for label, found in oc["variants"].items():
-        if label == "default":
-            continue
-        print(
-            f"- variant {label}: peak "
-            + ", ".join(
-                f"{fmt_mib(r['peak'])} ({r['peak'] / base['peak']:.2f}x default)"
-                for r, base in zip(found, oc["runs"])
-            )
+            f"{'under' if r['peak'] < TARGET_PEAK else 'OVER'} {TARGET_PEAK // MiB} MiB; "
+            f"{r['fn_patches']:,} patches through fn for len(p) = {r['patches']:,} "
+            f"({'each once' if r['fn_patches'] == r['patches'] else 'MISMATCH'}); "
+            f"{r['seconds']:.1f} s"
         )
     print(f"\n(total {time.perf_counter() - start:.1f} s)")
     return 0
