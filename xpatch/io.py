@@ -269,10 +269,7 @@ def _run_in_waves(graph: dict, indices: dict, progress: bool) -> int:
             computed_in.setdefault(key, number)
             if _is_overhang(key):
                 last[key] = number
-    first = {
-        key: min(computed_in[dep] for dep in get_dependencies(graph, key))
-        for key in last
-    }
+    first = {key: min(computed_in[dep] for dep in get_dependencies(graph, key)) for key in last}
     bar = _BlockProgress(len(indices)) if progress else contextlib.nullcontext()
     written = 0
     carried: dict = {}  # overhang key -> its pieces still needed

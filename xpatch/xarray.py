@@ -16,7 +16,7 @@ import numpy as np
 import xarray as xr
 from numpy.typing import DTypeLike
 
-from xpatch.core.apply import BatchFunction, apply_dask
+from xpatch.core.apply import BatchFunction, apply_dask, apply_numpy
 from xpatch.core.errors import (
     DimensionError,
     GeometryError,
@@ -775,27 +775,24 @@ class Patcher(Generic[T]):
             )
         dtype = obj.dtype if dtype is None else np.dtype(dtype)
         data = obj.transpose(*carried, *self.dims).data
-        lazy = isinstance(data, da.Array)
-        if not lazy:
-            data = da.from_array(data, chunks=-1)
         lead_shape = [int(n) for n in output_dims.values()]
-        template = obj.variable if lazy else None
-        out = apply_dask(
-            data,
-            self._anchor_array(),
-            self._patch_groups(),
-            self._geometry.size,
-            check_pad_value(self._pad_value, obj.dtype),
-            fn,
-            batch_size,
-            lead_shape,
-            dtype,
-            self._grid_chunks(template, lead_shape, accumulation_dtype(dtype)),
-            self._window,
-            reduce,
+        common = dict(
+            anchors=self._anchor_array(),
+            groups=self._patch_groups(),
+            size=self._geometry.size,
+            pad_value=check_pad_value(self._pad_value, obj.dtype),
+            fn=fn,
+            batch_size=batch_size,
+            lead_shape=lead_shape,
+            dtype=dtype,
+            window=self._window,
+            reduce=reduce,
         )
-        if not lazy:
-            out = out.compute(scheduler="threads")
+        if isinstance(data, da.Array):
+            chunks = self._grid_chunks(obj.variable, lead_shape, accumulation_dtype(dtype))
+            out = apply_dask(data, grid_chunks=chunks, **common)
+        else:
+            out = apply_numpy(np.asarray(data), **common)
         result = xr.Variable((*output_dims, *self.dims), out)
         if set(result.dims) == set(obj.dims):
             result = result.transpose(*obj.dims)

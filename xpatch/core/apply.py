@@ -15,7 +15,7 @@ from dask.base import tokenize
 from dask.highlevelgraph import HighLevelGraph
 
 from xpatch.core.errors import PredictionError
-from xpatch.core.extract import extract_task, group_reads
+from xpatch.core.extract import extract_numpy, extract_task, group_reads
 from xpatch.core.overlap_add import (
     BlendWindow,
     Partial,
@@ -23,6 +23,7 @@ from xpatch.core.overlap_add import (
     accumulation_dtype,
     assemble_blocks,
     group_boxes,
+    overlap_add_groups,
     partial_sums,
 )
 
@@ -92,6 +93,48 @@ def _apply_task(
     predictions = run_batches(patches, fn, batch_size, len(axes), lead_shape, dtype)
     del patches
     return partial_sums(box_origin, box_shape, anchors, predictions, window, reduce)
+
+
+def apply_numpy(
+    array: np.ndarray,
+    anchors: np.ndarray,
+    groups: Sequence[tuple[int, int]],
+    size: Sequence[int],
+    pad_value: object,
+    fn: BatchFunction,
+    batch_size: int,
+    lead_shape: Sequence[int],
+    dtype: np.dtype,
+    window: np.ndarray | BlendWindow,
+    reduce: Reduction,
+) -> np.ndarray:
+    """Sliding-window inference on a numpy array, eagerly.
+
+    Patches are cut group by group (so that at most one group of patches exists
+    at a time), ``fn`` runs on each group in batches, and the predictions are
+    blended by the threaded eager overlap-add. ``array`` holds its patched axes
+    last. Returns ``(*lead_shape, *grid)`` in the accumulation dtype of ``dtype``.
+
+    Examples
+    --------
+    >>> x = np.arange(6.0)
+    >>> out = apply_numpy(x, np.array([[0], [2]]), [(0, 2)], [4], np.nan, lambda b: b + 1,
+    ...                   8, [], np.dtype("f8"), np.ones(4), "mean")
+    >>> out.tolist()
+    [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+    """
+    k = len(size)
+    axes = list(range(array.ndim - k, array.ndim))
+    anchor_groups = [anchors[a:b] for a, b in groups]
+    prediction_groups = []
+    for group in anchor_groups:
+        patches = extract_numpy(array, axes, group, size, pad_value)
+        prediction_groups.append(run_batches(patches, fn, batch_size, k, lead_shape, dtype))
+        del patches
+    if not prediction_groups:
+        return np.full((*lead_shape, *array.shape[-k:]), np.nan, accumulation_dtype(dtype))
+    grid = array.shape[array.ndim - k :]
+    return overlap_add_groups(anchor_groups, prediction_groups, grid, window, reduce)
 
 
 def apply_dask(

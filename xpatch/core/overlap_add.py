@@ -451,13 +451,34 @@ def overlap_add(
     >>> overlap_add(preds, np.array([[0], [2]]), [6], np.ones(3)).tolist()
     [1.0, 1.0, 1.0, 1.0, 1.0, nan]
     """
+    return overlap_add_groups([anchors], [predictions], grid_shape, window, reduce, threads=threads)
+
+
+def overlap_add_groups(
+    anchor_groups: Sequence[np.ndarray],
+    prediction_groups: Sequence[np.ndarray],
+    grid_shape: Sequence[int],
+    window: np.ndarray | BlendWindow,
+    reduce: Reduction = "mean",
+    *,
+    threads: int | None = None,
+) -> np.ndarray:
+    """:func:`overlap_add` of several groups of predictions, read in place.
+
+    Examples
+    --------
+    >>> groups = [np.ones((1, 3)), np.full((1, 3), 3.0)]
+    >>> overlap_add_groups([np.array([[0]]), np.array([[2]])], groups, [5], np.ones(3)).tolist()
+    [1.0, 1.0, 2.0, 3.0, 3.0]
+    """
     window = BlendWindow.of(window)
     grid_shape = [int(n) for n in grid_shape]
-    template = predictions[:0]
-    lead = predictions.shape[1 : predictions.ndim - len(grid_shape)]
-    out = np.empty((*lead, *grid_shape), dtype=accumulation_dtype(predictions.dtype))
+    template = prediction_groups[0][:0]
+    lead = template.shape[1 : template.ndim - len(grid_shape)]
+    out = np.empty((*lead, *grid_shape), dtype=accumulation_dtype(template.dtype))
     if threads is None:
-        threads = worker_count() if predictions.nbytes >= PARALLEL_BYTES else 1
+        nbytes = sum(p.nbytes for p in prediction_groups)
+        threads = worker_count() if nbytes >= PARALLEL_BYTES else 1
     edges = np.linspace(0, grid_shape[0], max(1, min(threads, grid_shape[0])) + 1).astype(int)
     bands = [(int(lo), int(hi)) for lo, hi in itertools.pairwise(edges.tolist())]
     lead_index = (slice(None),) * len(lead)
@@ -468,7 +489,7 @@ def overlap_add(
         shape = [hi - lo, *grid_shape[1:]]
         view = out[(*lead_index, slice(lo, hi))]
         accumulate_groups(
-            origin, shape, [anchors], [predictions], window, reduce, template, out=view
+            origin, shape, anchor_groups, prediction_groups, window, reduce, template, out=view
         )
 
     if len(bands) == 1:
