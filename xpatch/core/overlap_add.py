@@ -290,7 +290,41 @@ def accumulate_groups(
     if out is None:
         out = np.empty(out_shape, dtype=acc)
     placements = _placements(origin, block_shape, anchor_groups, window.values.shape)
-    lead_index = (slice(None),) * len(lead)
+    weights, valid = _add_patches(
+        out, origin, block_shape, placements, prediction_groups, window, reduce, reduce == "mean"
+    )
+    if weights is None:  # max / min
+        return out
+    if valid is not None:
+        return _normalise(out, valid, reduce)
+    everywhere = weights.covers_all()
+    if not weights.normalised and reduce == "mean":
+        with np.errstate(invalid="ignore", divide="ignore"):  # uncovered cells become NaN below
+            np.divide(out, weights.total(), out=out)
+    if not everywhere:
+        out[..., ~weights.covered()] = np.nan
+    return out
+
+
+def _add_patches(
+    out: np.ndarray,
+    origin: Sequence[int],
+    block_shape: Sequence[int],
+    placements: Sequence[_Placement],
+    prediction_groups: Sequence[np.ndarray],
+    window: BlendWindow,
+    reduce: Reduction,
+    normalise: bool,
+) -> tuple[_BlockWeights | None, np.ndarray | None]:
+    """Add the placed patches into ``out`` (whose content is ignored).
+
+    For ``"max"`` / ``"min"``, the running reduction (NaN where nothing landed);
+    returns ``(None, None)``. Otherwise Σ w·x (0 where nothing landed), with the
+    weights folded in already normalised when ``normalise`` and the layout allows
+    it; returns the block's weights and, if some value was NaN, the Σ w of the
+    valid values (``out`` then holds Σ w·x over valid values only).
+    """
+    lead_index = (slice(None),) * (out.ndim - len(block_shape))
     if reduce in ("max", "min"):
         out.fill(np.nan)
         combine = np.fmax if reduce == "max" else np.fmin
@@ -298,30 +332,22 @@ def accumulate_groups(
             region = out[lead_index + p.block_index]
             values = prediction_groups[p.group][(p.row, *lead_index, *p.patch_index)]
             combine(region, values, out=region)
-        return out
-    real = np.empty(0, dtype=acc).real.dtype
-    weights = _BlockWeights(origin, block_shape, placements, window, real, reduce == "mean")
+        return None, None
+    real = np.empty(0, dtype=out.dtype).real.dtype
+    weights = _BlockWeights(origin, block_shape, placements, window, real, normalise)
     if weights.separable:
         _add_fresh_first(out, weights, placements, prediction_groups, lead_index)
     else:
         out.fill(0)
-        scratch = np.empty((*lead, *window.values.shape), dtype=acc)
+        scratch = np.empty((*out.shape[: len(lead_index)], *window.values.shape), dtype=out.dtype)
         for p in placements:
             values = prediction_groups[p.group][(p.row, *lead_index, *p.patch_index)]
             _add_product(out[lead_index + p.block_index], values, weights.patch_weight(p), scratch)
-    everywhere = weights.covers_all()
-    covered = None if everywhere else weights.covered()
-    if np.issubdtype(acc, np.inexact) and np.isnan(out if everywhere else out[..., covered]).any():
-        # Rare: some prediction holds NaN. Redo the block with per-cell validity so
+    if np.issubdtype(out.dtype, np.inexact) and np.isnan(out).any():
+        # Rare: some prediction holds NaN. Redo the sums with per-cell validity so
         # NaN values are skipped rather than spread.
-        weight = _masked_sums(out, weights, placements, prediction_groups)
-        return _normalise(out, weight, reduce)
-    if not weights.normalised and reduce == "mean":
-        with np.errstate(invalid="ignore", divide="ignore"):  # uncovered cells become NaN below
-            np.divide(out, weights.total(), out=out)
-    if not everywhere:
-        out[..., ~covered] = np.nan
-    return out
+        return weights, _masked_sums(out, weights, placements, prediction_groups)
+    return weights, None
 
 
 def _add_product(region: np.ndarray, values: np.ndarray, weight: np.ndarray, scratch) -> None:
@@ -582,28 +608,10 @@ def partial_sums(
     out = np.empty((*lead, *(int(n) for n in box_shape)), dtype=acc)
     placements = _placements(origin, box_shape, [anchors], window.values.shape)
     reaching = np.array([p.anchor for p in placements], dtype=np.int64).reshape(-1, k)
-    lead_index = (slice(None),) * len(lead)
-    if reduce in ("max", "min"):
-        out.fill(np.nan)
-        combine = np.fmax if reduce == "max" else np.fmin
-        for p in placements:
-            region = out[lead_index + p.block_index]
-            combine(region, predictions[(p.row, *lead_index, *p.patch_index)], out=region)
-        return Partial(origin, out, None, reaching)
-    real = np.empty(0, dtype=acc).real.dtype
-    weights = _BlockWeights(origin, box_shape, placements, window, real, normalise=False)
-    if weights.separable:
-        _add_fresh_first(out, weights, placements, [predictions], lead_index)
-    else:
-        out.fill(0)
-        scratch = np.empty((*lead, *window.values.shape), dtype=acc)
-        for p in placements:
-            values = predictions[(p.row, *lead_index, *p.patch_index)]
-            _add_product(out[lead_index + p.block_index], values, weights.patch_weight(p), scratch)
-    if np.issubdtype(acc, np.inexact) and np.isnan(out).any():
-        weight = _masked_sums(out, weights, placements, [predictions])
-        return Partial(origin, out, weight, reaching)
-    return Partial(origin, out, None, reaching)
+    _, valid = _add_patches(
+        out, origin, box_shape, placements, [predictions], window, reduce, False
+    )
+    return Partial(origin, out, valid, reaching)
 
 
 def combine_partials(
