@@ -152,7 +152,11 @@ def chunk_order(anchors: np.ndarray, chunk_bounds: Sequence[np.ndarray]) -> np.n
     >>> chunk_order(a, [np.array([5, 10])]).tolist()
     [0, 2, 1, 3]
     """
-    return np.argsort(chunk_ids(anchors, chunk_bounds), kind="stable")
+    ids = chunk_ids(anchors, chunk_bounds)
+    chunks = int(np.prod([len(b) for b in chunk_bounds], dtype=np.int64))
+    if chunks <= np.iinfo(np.uint16).max:
+        ids = ids.astype(np.uint16)  # numpy sorts 16-bit keys stably by radix: O(n)
+    return np.argsort(ids, kind="stable")
 
 
 def patch_groups(
