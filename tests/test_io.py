@@ -360,3 +360,32 @@ def test_a_write_in_waves_runs_each_patch_through_fn_once(
         assert xpatch.write(p.apply(fn), tmp_path / "o.zarr", progress=False) == 16
     assert fn.patches == len(p)
     np.testing.assert_allclose(xr.open_zarr(tmp_path / "o.zarr")["temp"], lazy * 2 + 1)
+
+
+def test_waves_follow_the_output_layout_whatever_its_dim_order(lazy, tmp_path, monkeypatch):
+    # Bands last: the result is transposed back to (y, x, band); 3 waves of 2
+    # blocks per row of 4, so overhangs cross waves within a row and across rows.
+    monkeypatch.setattr(xpatch.io, "BLOCKS_PER_THREAD", 2)
+    monkeypatch.setattr(xpatch.io, "worker_count", lambda: 1)
+    bands_last = lazy.transpose("y", "x", "band")
+    p = patcher(bands_last)
+    fn = Affine()
+    with dask.config.set(scheduler="synchronous"):
+        result = p.apply(fn)
+        assert result.dims == ("y", "x", "band")
+        assert xpatch.write(result, tmp_path / "o.zarr", progress=False) == 16
+    assert fn.patches == len(p)
+    written = xr.open_zarr(tmp_path / "o.zarr")["temp"]
+    np.testing.assert_allclose(written, bands_last * 2 + 1)
+
+
+def test_several_variables_are_written_in_waves(lazy, tmp_path, monkeypatch):
+    monkeypatch.setattr(xpatch.io, "BLOCKS_PER_THREAD", 1)
+    monkeypatch.setattr(xpatch.io, "worker_count", lambda: 1)
+    p = patcher(lazy)
+    both = xr.Dataset({"a": p.apply(Affine()), "b": p.reconstruct(p.patches(), reduce="max")})
+    with dask.config.set(scheduler="synchronous"):
+        assert xpatch.write(both, tmp_path / "o.zarr", progress=False) == 32
+    stored = xr.open_zarr(tmp_path / "o.zarr")
+    np.testing.assert_allclose(stored["a"], lazy * 2 + 1)
+    np.testing.assert_allclose(stored["b"], lazy)

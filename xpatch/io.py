@@ -34,8 +34,11 @@ import numpy as np
 import xarray as xr
 from dask.base import tokenize
 from dask.callbacks import Callback
+from dask.core import get_dependencies
 from dask.delayed import Delayed
 from dask.highlevelgraph import HighLevelGraph
+from dask.optimization import cull
+from dask.threaded import get as threaded_get
 
 from xpatch.core.checks import check_choice
 from xpatch.core.errors import OptionError
@@ -250,15 +253,10 @@ def _run_in_waves(graph: dict, indices: dict, progress: bool) -> int:
     need; input chunks a later wave shares are read again rather than held. Each
     patch group is still computed once, in the wave of its home block.
     """
-    from dask.optimization import cull
-    from dask.threaded import get as threaded_get
-
     scheduler = dask.base.get_scheduler() or threaded_get
     ordered = sorted(indices, key=lambda key: (indices[key], str(key)))
     size = BLOCKS_PER_THREAD * worker_count()
     waves = [ordered[i : i + size] for i in range(0, len(ordered), size)]
-    from dask.core import get_dependencies
-
     # Per overhang: the wave that computes its patch group (where it must be kept
     # from) and the last wave that needs it.
     computed_in: dict = {}
@@ -272,36 +270,22 @@ def _run_in_waves(graph: dict, indices: dict, progress: bool) -> int:
     first = {key: min(computed_in[dep] for dep in get_dependencies(graph, key)) for key in last}
     bar = _BlockProgress(len(indices)) if progress else contextlib.nullcontext()
     written = 0
-    carried: dict = {}  # overhang key -> its pieces still needed
+    carried: list = []  # overhang keys whose values stand in the graph
     with bar:
         for number, keys in enumerate(waves):
             keep = [key for key, start in first.items() if start == number and last[key] > number]
             culled, _ = cull(graph, keys + keep)
             values = scheduler(culled, keys + keep)
             written += sum(values[: len(keys)])
-            carried.update(zip(keep, values[len(keys) :]))
+            for key, value in zip(keep, values[len(keys) :]):
+                graph[key] = (functools.partial(_constant, value),)
             del values
-            upcoming = {indices[key] for wave in waves[number + 1 :] for key in wave}
-            for key in list(carried):
-                if last[key] <= number:
-                    del carried[key]
-                    del graph[key]
-                else:
-                    carried[key] = _needed(carried[key], upcoming)
-                    graph[key] = (functools.partial(_constant, carried[key]),)
+            carried += keep
+            for key in [key for key in carried if last[key] <= number]:
+                carried.remove(key)
+                del graph[key]  # its last reader has run
             _trim_memory()
     return written
-
-
-def _needed(value: Any, upcoming: set) -> Any:
-    """Drop the pieces of an overhang that no block still to come needs."""
-    if not isinstance(value, dict):
-        return value
-    return {
-        block: piece
-        for block, piece in value.items()
-        if any(index[-len(block) :] == tuple(block) for index in upcoming)
-    }
 
 
 def _trim_memory() -> None:
