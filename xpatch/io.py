@@ -270,22 +270,42 @@ def _run_in_waves(graph: dict, indices: dict, progress: bool) -> int:
     first = {key: min(computed_in[dep] for dep in get_dependencies(graph, key)) for key in last}
     bar = _BlockProgress(len(indices)) if progress else contextlib.nullcontext()
     written = 0
-    carried: list = []  # overhang keys whose values stand in the graph
+    carried: dict = {}  # overhang key -> its pieces, standing in the graph
+    computed: set = set()
     with bar:
         for number, keys in enumerate(waves):
             keep = [key for key, start in first.items() if start == number and last[key] > number]
             culled, _ = cull(graph, keys + keep)
             values = scheduler(culled, keys + keep)
             written += sum(values[: len(keys)])
-            for key, value in zip(keep, values[len(keys) :]):
-                graph[key] = (functools.partial(_constant, value),)
+            computed.update(culled)
+            carried.update(zip(keep, values[len(keys) :]))
             del values
-            carried += keep
-            for key in [key for key in carried if last[key] <= number]:
-                carried.remove(key)
-                del graph[key]  # its last reader has run
+            for key in list(carried):
+                if last[key] <= number:
+                    del carried[key], graph[key]  # its last reader has run
+                    continue
+                carried[key] = _unread_pieces(key, carried[key], computed)
+                graph[key] = (functools.partial(_constant, carried[key]),)
             _trim_memory()
     return written
+
+
+def _unread_pieces(key: tuple, pieces: Any, computed: set) -> Any:
+    """Drop the pieces of an overhang whose block has been combined already.
+
+    An overhang ``(f"{name}-overhang", group, *lead_block)`` maps blocks to pieces;
+    the block's combine task is ``(name, *lead_block, *block)``.
+    """
+    if not isinstance(pieces, dict):
+        return pieces
+    name = str(key[0]).removesuffix("-overhang")
+    lead_block = tuple(key[2:])
+    return {
+        block: piece
+        for block, piece in pieces.items()
+        if (name, *lead_block, *block) not in computed
+    }
 
 
 def _trim_memory() -> None:
