@@ -183,3 +183,10 @@ def test_numpy_and_dask_apply_agree_and_dask_stays_lazy_until_computed(scene):
     with dask.config.set(scheduler="synchronous"):
         lazy_out = lazy.apply(fn)
         np.testing.assert_allclose(lazy_out.values, eager.values, rtol=1e-12)
+
+
+def test_apply_drops_the_inputs_value_encoding_attributes(scene):
+    encoded = scene.assign_attrs(_FillValue=0, scale_factor=1e-4, add_offset=1.0, nodata=0)
+    out = encoded.patch(y=10, x=10).apply(lambda b: b * 0)
+    assert out.attrs == {"units": "reflectance"}  # 0.0 is a value, not a fill
+    assert encoded.attrs["_FillValue"] == 0  # the input keeps its own

@@ -78,7 +78,7 @@ def test_zarr_in_zarr_out_with_new_output_dims(tmp_path, model_file, raster, cap
     np.testing.assert_array_equal(written.x, raster.x)
     # A second run finds the output complete and refuses to touch it...
     assert main([*argv, *options]) == 2
-    assert "already exists" in capsys.readouterr().err
+    assert "exists and is complete; pass --restart" in capsys.readouterr().err
     # ...unless told to start again.
     assert main([*argv, *options, "--restart"]) == 0
 
@@ -92,6 +92,7 @@ def test_zarr_in_zarr_out_with_new_output_dims(tmp_path, model_file, raster, cap
         (["--fn", "numpy:negative", "--dims", "y,z"], "['z'] not in the input's dims"),
         (["--fn", "numpy:negative", "--output-dims", "class"], "must look like 'class=5'"),
         (["--fn", "numpy:negative", "--size", "500"], "larger than"),
+        (["--fn", "numpy:negative", "--dtype", "flot32"], "dtype='flot32' is not a numpy dtype"),
     ],
 )
 def test_bad_options_exit_2_with_a_message(tmp_path, raster, extra, message, capsys):
@@ -139,3 +140,13 @@ def test_netcdf_in_zarr_out(tmp_path, model_file, raster, capsys):
     written = xr.open_zarr(target)["reflectance"]
     assert written.dims == ("band", "y", "x")
     np.testing.assert_allclose(written, raster * 2, rtol=1e-6)
+
+
+def test_an_error_in_the_users_function_propagates(tmp_path, raster):
+    source = tmp_path / "in.zarr"
+    raster.to_dataset().to_zarr(source)
+    broken = tmp_path / "broken_fn.py"
+    broken.write_text("def predict(batch):\n    raise ValueError('model weights missing')\n")
+    argv = ["apply", str(source), str(tmp_path / "o.zarr"), "--fn", f"{broken}:predict"]
+    with pytest.raises(ValueError, match="model weights missing"):
+        main([*argv, "--size", "32", "--no-progress"])

@@ -389,3 +389,38 @@ def test_several_variables_are_written_in_waves(lazy, tmp_path, monkeypatch):
     stored = xr.open_zarr(tmp_path / "o.zarr")
     np.testing.assert_allclose(stored["a"], lazy * 2 + 1)
     np.testing.assert_allclose(stored["b"], lazy)
+
+
+def test_a_result_that_mixes_distant_blocks_is_written_in_one_computation(
+    lazy, tmp_path, monkeypatch
+):
+    # Every block of r / r.max() needs every block: waves would recompute it all.
+    waves = []
+    monkeypatch.setattr(xpatch.io, "_run_in_waves", lambda *a, **k: waves.append(1))
+    p = patcher(lazy)
+    fn = Affine()
+    result = p.apply(fn)
+    with dask.config.set(scheduler="synchronous"):
+        assert xpatch.write(result / result.max(), tmp_path / "o.zarr", progress=False) == 16
+    assert not waves
+    assert fn.patches == len(p)
+    expected = (lazy * 2 + 1) / (lazy * 2 + 1).max()
+    np.testing.assert_allclose(xr.open_zarr(tmp_path / "o.zarr")["temp"], expected)
+
+
+def test_apply_results_are_written_in_waves(lazy, tmp_path, monkeypatch):
+    calls = []
+    real = xpatch.io._run_in_waves
+    monkeypatch.setattr(
+        xpatch.io, "_run_in_waves", lambda *a, **k: calls.append(1) or real(*a, **k)
+    )
+    xpatch.write(patcher(lazy).apply(Affine()), tmp_path / "o.zarr", progress=False)
+    assert calls == [1]
+
+
+def test_dask_backed_coordinates_are_written(tmp_path):
+    lat = xr.DataArray(np.add.outer(np.arange(8.0), np.arange(8.0)), dims=("y", "x"))
+    da = xr.DataArray(np.ones((8, 8)), dims=("y", "x"), coords={"lat": lat}).chunk(4)
+    xpatch.write(da, tmp_path / "o.zarr", progress=False)
+    stored = xr.open_zarr(tmp_path / "o.zarr")
+    np.testing.assert_array_equal(stored["lat"], lat)

@@ -500,7 +500,46 @@ def _output_dims(text: str | None) -> dict[str, int] | None:
 
 
 def run_apply(args: argparse.Namespace) -> int:
-    """Carry out ``xpatch apply`` (see :func:`build_parser` for the options)."""
+    """Carry out ``xpatch apply`` (see :func:`build_parser` for the options).
+
+    Problems with the options or the input exit with status 2 and a message, as
+    do outputs that exist and predictions that break their declaration. An
+    exception raised by the user's function while computing propagates with its
+    traceback.
+    """
+    try:
+        p, result, dims, stride = _plan_apply(args)
+    except (XPatchError, ValueError, ImportError) as error:
+        return _usage_error("apply", str(error))
+    name = Path(args.output).stem if result.name is None else result.name
+    start = time.perf_counter()
+    try:
+        blocks = xpatch.write(
+            result.rename(name),
+            args.output,
+            resume=not args.restart,
+            overwrite=args.restart,
+            progress=not args.no_progress,
+        )
+    except FileExistsError:
+        return _usage_error(
+            "apply",
+            f"OUTPUT {args.output!r} exists and is complete; pass --restart to replace it, or "
+            "choose another OUTPUT.",
+        )
+    except XPatchError as error:
+        return _usage_error("apply", str(error))
+    seconds = time.perf_counter() - start
+    print(
+        f"xpatch apply: {len(p)} patches of {args.size} along {dims}, stride {stride}, "
+        f"window {args.window!r}; wrote {blocks} blocks of {name} "
+        f"({_sizes(dict(result.sizes))}) {result.dtype} to {args.output} in {seconds:.1f} s"
+    )
+    return 0
+
+
+def _plan_apply(args: argparse.Namespace) -> tuple:
+    """Open the input and build the lazy result: ``(patcher, result, dims, stride)``."""
     fn = load_function(args.fn)
     data = open_input(args.input, args.variable, args.chunks)
     dims = args.dims.split(",") if args.dims else [d for d in ("y", "x") if d in data.dims]
@@ -519,22 +558,7 @@ def run_apply(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         reduce=args.reduce,
     )
-    name = Path(args.output).stem if result.name is None else result.name
-    start = time.perf_counter()
-    blocks = xpatch.write(
-        result.rename(name),
-        args.output,
-        resume=not args.restart,
-        overwrite=args.restart,
-        progress=not args.no_progress,
-    )
-    seconds = time.perf_counter() - start
-    print(
-        f"xpatch apply: {len(p)} patches of {args.size} along {dims}, stride {stride}, "
-        f"window {args.window!r}; wrote {blocks} blocks of {name} "
-        f"({_sizes(dict(result.sizes))}) {result.dtype} to {args.output} in {seconds:.1f} s"
-    )
-    return 0
+    return p, result, dims, stride
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -638,10 +662,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "apply":
-        try:
-            return run_apply(args)
-        except (XPatchError, ValueError, FileExistsError, ImportError) as error:
-            return _usage_error("apply", str(error))
+        return run_apply(args)
     if args.stride > args.size:
         return _usage_error(
             "demo",

@@ -1,13 +1,16 @@
 """Write lazy results out of core, block by block, resumably, with progress.
 
 :func:`write` streams a (dask-backed) DataArray or Dataset to zarr or to a tiled
-GeoTIFF, each block as soon as it is ready. On the local schedulers the blocks
-are computed in waves of a few blocks, in row-major order; between waves only the
-thin pieces by which patch groups overhang into blocks still to come are kept,
-so each patch is computed once and peak memory stays at a few blocks, their
-patch groups and one row of overhangs, whatever the size of the output. On a
-``dask.distributed`` cluster the write is one computation, and the cluster's
-memory management applies. A progress record beside the output
+GeoTIFF, each block as soon as it is ready. On the local threaded (or
+synchronous) scheduler the blocks are computed in waves of a few blocks, in
+row-major order; between waves only the thin pieces by which patch groups
+overhang into blocks still to come are kept. For results whose blocks follow the
+patch layout (``p.apply(...)``, ``p.reconstruct(...)``, renamed, transposed or
+combined pointwise) each patch is computed once and peak memory stays at a few
+blocks, their patch groups and one row of overhangs, whatever the size of the
+output. A result whose blocks need distant blocks (``r / r.max()``), the process
+scheduler and ``dask.distributed`` (whose memory management applies) get one
+computation. A progress record beside the output
 (``<output>.xpatch-progress/``) lists the blocks written; a run that was
 interrupted and is started again redoes only the others. The record is removed
 when the output is complete.
@@ -30,6 +33,7 @@ from typing import Any, Literal
 
 import dask
 import dask.array as da
+import dask.local
 import numpy as np
 import xarray as xr
 from dask.base import tokenize
@@ -219,19 +223,28 @@ BLOCKS_PER_THREAD = 2
 
 
 def _finish(tasks: dict, indices: dict, name: str, dependencies: list, progress: bool) -> int:
-    """Run the store tasks: on a cluster in one go, locally in waves of block rows."""
+    """Run the store tasks: locally in waves of a few blocks when that pays, else at once."""
     if not tasks:
         return 0
-    if _active_client() is not None:
-        # A cluster manages its workers' memory (limits, spilling): one computation.
-        final = (name,)
-        graph = HighLevelGraph.from_collections(
-            name, {**tasks, final: (sum, list(tasks))}, dependencies=dependencies
-        )
-        (written,) = compute(Delayed(final, graph, layer=name), progress=progress)
-        return int(written)
     graph = HighLevelGraph.from_collections(name, tasks, dependencies=dependencies)
-    return _run_in_waves(dict(graph), indices, progress)
+    if _active_client() is None and _waves_fit_the_scheduler():
+        plan = _plan_waves(dict(graph), indices)
+        if plan is not None:
+            return _run_in_waves(*plan, progress=progress)
+    # A cluster manages its workers' memory (limits, spilling); other graphs and
+    # schedulers run as one computation.
+    final = (name,)
+    graph = HighLevelGraph.from_collections(
+        name, {**tasks, final: (sum, list(tasks))}, dependencies=dependencies
+    )
+    (written,) = compute(Delayed(final, graph, layer=name), progress=progress)
+    return int(written)
+
+
+def _waves_fit_the_scheduler() -> bool:
+    """Waves suit the threaded and synchronous schedulers, not a process pool per wave."""
+    scheduler = dask.base.get_scheduler()
+    return scheduler is None or scheduler in (threaded_get, dask.local.get_sync)
 
 
 def _constant(value: Any) -> Any:
@@ -242,57 +255,86 @@ def _is_overhang(key: Any) -> bool:
     return "-overhang" in str(key[0] if isinstance(key, tuple) else key)
 
 
-def _run_in_waves(graph: dict, indices: dict, progress: bool) -> int:
-    """Compute the store tasks in waves of a few blocks, in row-major block order.
+#: Waves are given up when, together, they would run this many times the tasks of
+#: one computation (a result that mixes distant blocks, such as ``r / r.max()``).
+WAVE_OVERHEAD = 2.0
+
+
+def _plan_waves(graph: dict, indices: dict) -> tuple | None:
+    """Split the store tasks into waves of a few blocks, in row-major block order.
+
+    Walks the waves as they will run, with the overhangs of earlier waves kept,
+    and returns the graph, the waves, the wave that computes each overhang, and
+    for each key the last wave that reads it; or None when the waves would
+    recompute too much.
+    """
+    ordered = sorted(indices, key=lambda key: (indices[key], str(key)))
+    size = BLOCKS_PER_THREAD * worker_count()
+    waves = [ordered[i : i + size] for i in range(0, len(ordered), size)]
+    dependencies = {key: get_dependencies(graph, key) for key in graph}
+    first: dict = {}  # overhang -> the wave that computes (and keeps) it
+    computed_in: dict = {}
+    last_read: dict = {}
+    visits = 0
+    for number, keys in enumerate(waves):
+        seen: set = set()
+        stack = list(keys)
+        while stack:
+            key = stack.pop()
+            if key in seen:
+                continue
+            seen.add(key)
+            last_read[key] = number
+            if _is_overhang(key):
+                # Computed, and kept, in the wave that computes its patch group.
+                group_wave = min(computed_in.get(d, number) for d in dependencies[key])
+                first.setdefault(key, group_wave)
+                if first[key] < number:
+                    continue  # kept from an earlier wave: read, not recomputed
+            computed_in.setdefault(key, number)
+            stack.extend(dependencies[key])
+        visits += len(seen)
+    if visits > WAVE_OVERHEAD * len(last_read):
+        return None
+    return graph, waves, first, last_read
+
+
+def _run_in_waves(graph: dict, waves: list, first: dict, last_read: dict, progress: bool) -> int:
+    """Compute the store tasks wave by wave.
 
     One dask computation over all blocks lets the local scheduler start many block
     rows at once, each holding its input chunks and patch groups, so memory grows
     with the output. Waves bound it: each computes a few blocks, and the only
     results kept from one wave for later ones are the thin overhang pieces of its
     patch groups (keys with ``-overhang`` in their name) that blocks still to come
-    need; input chunks a later wave shares are read again rather than held. Each
-    patch group is still computed once, in the wave of its home block.
+    read; input chunks a later wave shares are read again rather than held. Each
+    patch group is computed once, in the wave of its home block, when every block
+    of the result depends on nearby blocks only.
     """
     scheduler = dask.base.get_scheduler() or threaded_get
-    ordered = sorted(indices, key=lambda key: (indices[key], str(key)))
-    size = BLOCKS_PER_THREAD * worker_count()
-    waves = [ordered[i : i + size] for i in range(0, len(ordered), size)]
-    # Per overhang: the wave that computes its patch group (where it must be kept
-    # from) and the last wave that needs it.
-    computed_in: dict = {}
-    last: dict = {}
-    for number, keys in enumerate(waves):
-        culled, _ = cull(graph, keys)
-        for key in culled:
-            computed_in.setdefault(key, number)
-            if _is_overhang(key):
-                last[key] = number
-    first = {key: min(computed_in[dep] for dep in get_dependencies(graph, key)) for key in last}
-    bar = _BlockProgress(len(indices)) if progress else contextlib.nullcontext()
+    bar = _BlockProgress(sum(map(len, waves))) if progress else contextlib.nullcontext()
     written = 0
     carried: dict = {}  # overhang key -> its pieces, standing in the graph
-    computed: set = set()
     with bar:
         for number, keys in enumerate(waves):
-            keep = [key for key, start in first.items() if start == number and last[key] > number]
+            keep = [k for k, start in first.items() if start == number and last_read[k] > number]
             culled, _ = cull(graph, keys + keep)
             values = scheduler(culled, keys + keep)
             written += sum(values[: len(keys)])
-            computed.update(culled)
             carried.update(zip(keep, values[len(keys) :]))
             del values
             for key in list(carried):
-                if last[key] <= number:
+                if last_read[key] <= number:
                     del carried[key], graph[key]  # its last reader has run
                     continue
-                carried[key] = _unread_pieces(key, carried[key], computed)
+                carried[key] = _unread_pieces(key, carried[key], last_read, number)
                 graph[key] = (functools.partial(_constant, carried[key]),)
             _trim_memory()
     return written
 
 
-def _unread_pieces(key: tuple, pieces: Any, computed: set) -> Any:
-    """Drop the pieces of an overhang whose block has been combined already.
+def _unread_pieces(key: tuple, pieces: Any, last_read: dict, number: int) -> Any:
+    """Drop the pieces of an overhang that no wave after ``number`` reads.
 
     An overhang ``(f"{name}-overhang", group, *lead_block)`` maps blocks to pieces;
     the block's combine task is ``(name, *lead_block, *block)``.
@@ -304,7 +346,7 @@ def _unread_pieces(key: tuple, pieces: Any, computed: set) -> Any:
     return {
         block: piece
         for block, piece in pieces.items()
-        if (name, *lead_block, *block) not in computed
+        if last_read.get((name, *lead_block, *block), -1) > number
     }
 
 
@@ -439,8 +481,12 @@ def write(
     indices: dict = {}
     dependencies = []
     token = tokenize(dataset, str(path))
-    for var_name, var in dataset.data_vars.items():
+    # Data variables, and coordinates backed by dask, which to_zarr(compute=False)
+    # leaves unwritten.
+    for var_name, var in dataset.variables.items():
         data = var.data
+        if not isinstance(data, da.Array):
+            continue
         dependencies.append(data)
         target = group[str(var_name)]
         for index, region in _block_regions(data.chunks):

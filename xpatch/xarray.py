@@ -49,6 +49,13 @@ T = TypeVar("T", xr.DataArray, xr.Dataset)
 
 PATCH_DIM = "patch"
 
+#: Attributes that say how to read an array's stored values (CF packing, fill
+#: values); ``apply`` does not pass them on to a function's output.
+VALUE_ENCODING_ATTRS = frozenset(
+    {"_FillValue", "missing_value", "scale_factor", "add_offset", "_Unsigned", "valid_range",
+     "valid_min", "valid_max", "nodata"}
+)  # fmt: skip
+
 
 def _size_mapping(size: Mapping[Hashable, int] | None, size_kwargs: Mapping[str, int]) -> dict:
     if size is not None and size_kwargs:
@@ -72,6 +79,18 @@ def _patched_variables(obj: xr.DataArray | xr.Dataset, dims: Sequence[Hashable])
     if isinstance(obj, xr.DataArray):
         return {obj.name: obj.variable}
     return {name: var.variable for name, var in obj.data_vars.items() if set(dims) <= set(var.dims)}
+
+
+def _first_surplus(given: np.ndarray, expected: np.ndarray) -> int:
+    """Index of the first row of ``given`` that ``expected`` lacks (or has fewer of)."""
+    remaining: dict[tuple, int] = {}
+    for row in map(tuple, expected.tolist()):
+        remaining[row] = remaining.get(row, 0) + 1
+    for i, row in enumerate(map(tuple, given.tolist())):
+        remaining[row] = remaining.get(row, 0) - 1
+        if remaining[row] < 0:
+            return i
+    return 0
 
 
 def _extended_labels(values: np.ndarray, start: int, size: int) -> np.ndarray:
@@ -556,12 +575,11 @@ class Patcher(Generic[T]):
             return None
         mine_order = np.lexsort(mine.T[::-1])
         given_order = np.lexsort(given.T[::-1])
-        mismatch = np.flatnonzero((given[given_order] != mine[mine_order]).any(axis=1))
-        if mismatch.size:
-            i = int(given_order[mismatch[0]])
+        if (given[given_order] != mine[mine_order]).any():
+            i = _first_surplus(given, mine)
             raise PredictionError(
-                f"{label} patch {i} carries anchor {given[i].tolist()}, which is not an anchor of "
-                "this patcher (or appears more often than in it): the predictions come from "
+                f"{label} patch {i} carries anchor {given[i].tolist()}, which is not an anchor "
+                "of this patcher (or appears more often than in it): the predictions come from "
                 "another patcher. Predict on this patcher's p.patches()."
             )
         order = np.empty_like(mine_order)
@@ -773,7 +791,12 @@ class Patcher(Generic[T]):
                 f"output_dims names {clash!r}, which are patched dims (or 'patch'); list only "
                 "the non-patched dims of fn's output."
             )
-        dtype = obj.dtype if dtype is None else np.dtype(dtype)
+        try:
+            dtype = obj.dtype if dtype is None else np.dtype(dtype)
+        except TypeError:
+            raise OptionError(
+                f"dtype={dtype!r} is not a numpy dtype; pass e.g. 'float32' or np.float32."
+            ) from None
         data = obj.transpose(*carried, *self.dims).data
         lead_shape = [int(n) for n in output_dims.values()]
         common = dict(
@@ -797,7 +820,10 @@ class Patcher(Generic[T]):
         if set(result.dims) == set(obj.dims):
             result = result.transpose(*obj.dims)
         coords = self._output_coords(xr.Dataset(), dict(zip(result.dims, result.shape)))
-        return xr.DataArray(result, coords=coords, name=obj.name, attrs=obj.attrs)
+        # fn's output is a new quantity: the input's packing and fill attributes
+        # (scale_factor, _FillValue, ...) would misread it.
+        attrs = {k: v for k, v in obj.attrs.items() if k not in VALUE_ENCODING_ATTRS}
+        return xr.DataArray(result, coords=coords, name=obj.name, attrs=attrs)
 
     @staticmethod
     def _locator(obj: xr.DataArray | xr.Dataset):

@@ -228,12 +228,13 @@ def group_reads(
     size: Sequence[int],
     groups: Sequence[tuple[int, int]],
     whole_axes: Sequence[int] = (),
-) -> Iterator[tuple[int, tuple[int, ...], list, np.ndarray]]:
+) -> Iterator[tuple[int, tuple[int, ...], list, list, np.ndarray]]:
     """For each group of patches, the input blocks it reads.
 
-    Yields ``(group, carried_block, nested_keys, crops, local_anchors)``: the
-    group's position, its block index along the carried axes that are not whole
-    (0 along the others), the keys of the input blocks its patches touch (nested
+    Yields ``(group, out_index, nested_keys, crops, local_anchors)``: the group's
+    position; the block index of its patches in the stacked output, over all the
+    input's axes (the block along the carried axes that are not whole, 0
+    elsewhere); the keys of the input blocks its patches touch (nested
     as :func:`dask.array.core.concatenate3` takes them), the part of each block
     they need (per axis, one slice per block) and the anchors relative to the
     region those parts cover.

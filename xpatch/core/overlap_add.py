@@ -702,12 +702,6 @@ def group_boxes(
     return boxes
 
 
-def _combine_task(origin, block_shape, template_shape, dtype, window, reduce, *partials):
-    template = np.empty((0, *template_shape), dtype=dtype)
-    present = [part for part in partials if part is not None]
-    return combine_partials(origin, block_shape, present, window, reduce, template)
-
-
 def _overhang_task(partial: Partial, blocks: list, size) -> dict:
     # Copies: the pieces must not keep the partial's whole box alive.
     return {block: partial.crop(origin, shape, size) for block, origin, shape in blocks}
