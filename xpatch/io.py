@@ -25,6 +25,7 @@ import itertools
 import json
 import shutil
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Hashable, Iterator, Sequence
@@ -217,6 +218,8 @@ def _removed_on_failure(path: Path, record: Path) -> Iterator[None]:
                 leftover.unlink()
         raise
 
+
+_THREAD_LOCK = threading.Lock()
 
 #: A wave holds at least this many blocks per worker thread, to keep the cores busy.
 BLOCKS_PER_THREAD = 2
@@ -563,7 +566,7 @@ def _write_geotiff(
         }
         with _removed_on_failure(path, record), rasterio.open(path, "w", **profile):
             pass
-    lock = _write_lock(str(path))
+    lock = _write_lock(str(path), record)
     token = tokenize(data, str(path))
     indices: dict = {}
     floating = np.issubdtype(result.dtype, np.floating)
@@ -588,12 +591,56 @@ def _write_geotiff(
     return written
 
 
-def _write_lock(name: str) -> Any:
-    """Return a lock that serialises writes to one file across the scheduler's workers."""
+def _write_lock(name: str, record: Path) -> Any:
+    """Return a lock that serialises writes to one file across the scheduler's workers.
+
+    distributed's lock on a cluster; otherwise a lock file in the progress record,
+    which serialises threads and processes alike.
+    """
     if _active_client() is not None:
         from distributed import Lock
 
         return Lock(f"xpatch-{name}")
-    from dask.utils import SerializableLock
+    return FileLock(record / "write.lock")
 
-    return SerializableLock(f"xpatch-{name}")
+
+class FileLock:
+    """An exclusive ``flock`` on a file: holds across threads and processes, and pickles.
+
+    Examples
+    --------
+    >>> import tempfile, pathlib
+    >>> lock = FileLock(pathlib.Path(tempfile.mkdtemp()) / "demo.lock")
+    >>> with lock:
+    ...     pass
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self._handle: Any = None
+
+    def __getstate__(self) -> dict:
+        return {"path": self.path}
+
+    def __setstate__(self, state: dict) -> None:
+        self.path = state["path"]
+        self._handle = None
+
+    def __enter__(self) -> FileLock:
+        handle = open(self.path, "a")
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - not on Unix: serialise threads only
+            self._handle = (handle, _THREAD_LOCK)
+            _THREAD_LOCK.acquire()
+            return self
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        self._handle = (handle, None)
+        return self
+
+    def __exit__(self, *args: object) -> None:
+        handle, thread_lock = self._handle
+        self._handle = None
+        if thread_lock is not None:  # pragma: no cover - not on Unix
+            thread_lock.release()
+        handle.close()  # closing releases the flock
