@@ -13,7 +13,6 @@ Nothing is asserted: the script prints tables, then one summary line per figure.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import platform
@@ -32,6 +31,9 @@ import dask
 import dask.array as dsa
 import numpy as np
 import xarray as xr
+
+# Shared with the core benchmarks (this folder is on sys.path when a script runs).
+from bench_core import best_of, fmt_time, print_table, raising_scheduler
 from dask.callbacks import Callback
 
 import xpatch
@@ -66,18 +68,6 @@ QUICK = Sizes((2048, 4096), 512, 2048, 512, (2048, 4096), 1024, 256, 192, 32, 2)
 # -- helpers ----------------------------------------------------------------------------
 
 
-def best_of(fn: Callable[[], object], repeat: int) -> float:
-    """Best wall time in seconds of ``repeat`` calls of ``fn`` (after one warm-up)."""
-    fn()
-    times = []
-    for _ in range(repeat):
-        gc.collect()
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
-
-
 class ComputeCounter(Callback):
     """Count the dask computations that a local scheduler starts while active."""
 
@@ -89,33 +79,9 @@ class ComputeCounter(Callback):
         self.count += 1
 
 
-class ComputeCalled(RuntimeError):
-    """A dask computation started where none was expected."""
-
-
-def raising_scheduler(dsk, keys, **kwargs):
-    """A dask scheduler that refuses to run anything."""
-    raise ComputeCalled(f"dask tried to compute {len(dsk)} task(s)")
-
-
-def fmt_time(seconds: float) -> str:
-    """Seconds as a short string in ms."""
-    return f"{seconds * 1e3:9.1f} ms"
-
-
 def fmt_mib(nbytes: float) -> str:
     """Bytes as MiB."""
     return f"{nbytes / MiB:,.0f} MiB"
-
-
-def print_table(title: str, header: list[str], rows: list[list[object]]) -> None:
-    """Print a plain-text table with right-aligned columns."""
-    widths = [max(len(str(c)) for c in col) for col in zip(header, *rows)]
-    print(f"\n## {title}\n")
-    print("  ".join(h.rjust(w) for h, w in zip(header, widths)))
-    print("  ".join("-" * w for w in widths))
-    for row in rows:
-        print("  ".join(str(c).rjust(w) for c, w in zip(row, widths)))
 
 
 def double(batch: np.ndarray) -> np.ndarray:
