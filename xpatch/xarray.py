@@ -750,7 +750,10 @@ class Patcher(Generic[T]):
         xarray.DataArray
             ``(*output_dims, *patched dims)`` on the input's grid (in the input's
             dim order when the output keeps its dims), with its coordinates and
-            attributes. Lazy for dask input, computed for numpy input.
+            attributes, less those that describe how stored values are read
+            (``_FillValue``, ``scale_factor``, ``nodata``, ...: see
+            :data:`VALUE_ENCODING_ATTRS`). Lazy for dask input, computed for numpy
+            input.
 
         Examples
         --------

@@ -1,8 +1,10 @@
-"""Run a batched function over the patch groups of a lazy patch stack.
+"""Sliding-window inference: cut patches, run a batched function, blend the results.
 
-This is the middle of sliding-window inference: patches (one dask chunk per
-group) go in, per-patch predictions (same chunks along the patch axis) come out,
-and :func:`xpatch.core.overlap_add.overlap_add_dask` puts them back on the grid.
+:func:`apply_numpy` does it eagerly, group by group, then blends with the threaded
+overlap-add. :func:`apply_dask` builds one lazy graph in which each group of
+patches is one task (cut, ``fn`` in batches, added into the group's box) and each
+output block combines the boxes that reach it, so predictions never wait in
+memory.
 """
 
 from __future__ import annotations
