@@ -417,27 +417,6 @@ def _normalise(out: np.ndarray, weight: np.ndarray, reduce: Reduction) -> np.nda
     return out
 
 
-def accumulate_block(
-    origin: Sequence[int],
-    block_shape: Sequence[int],
-    anchors: np.ndarray,
-    predictions: np.ndarray,
-    window: np.ndarray | BlendWindow,
-    reduce: Reduction,
-) -> np.ndarray:
-    """Reduce one group of patches into one output block (see :func:`accumulate_groups`).
-
-    Examples
-    --------
-    >>> preds = np.array([[1.0, 1.0], [3.0, 3.0]])
-    >>> accumulate_block([0], [3], np.array([[0], [1]]), preds, np.ones(2), "mean").tolist()
-    [1.0, 2.0, 3.0]
-    """
-    return accumulate_groups(
-        origin, block_shape, [anchors], [predictions], window, reduce, predictions[:0]
-    )
-
-
 #: Below this many prediction bytes the eager path stays on one thread.
 PARALLEL_BYTES = 8 * 2**20
 
