@@ -471,7 +471,7 @@ def write(
     dataset = dataset.copy()
     for var_name, var in dataset.data_vars.items():
         if not isinstance(var.data, da.Array):
-            dataset[var_name] = var.copy(data=da.from_array(np.asarray(var.data), chunks=-1))
+            dataset[var_name] = var.copy(data=da.from_array(np.asarray(var.data), chunks="auto"))
     plan = _plan(dataset)
     record, create = _start(path, plan, resume, overwrite)
     if create:
