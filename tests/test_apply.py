@@ -180,8 +180,11 @@ def test_numpy_and_dask_apply_agree_and_dask_stays_lazy_until_computed(scene):
     fn = PatchCounter(lambda b: calls.append(1) or np.sqrt(np.abs(b)))
     eager = scene.patch(y=14, x=14, stride=9, window="triangular").apply(fn)
     lazy = scene.chunk({"y": 13, "x": 17}).patch(y=14, x=14, stride=9, window="triangular")
-    with dask.config.set(scheduler="synchronous"):
+    calls_so_far = len(calls)
+    with forbid_compute():
         lazy_out = lazy.apply(fn)
+    assert len(calls) == calls_so_far  # building called fn on nothing
+    with dask.config.set(scheduler="synchronous"):
         np.testing.assert_allclose(lazy_out.values, eager.values, rtol=1e-12)
 
 

@@ -229,17 +229,16 @@ def _finish(tasks: dict, indices: dict, name: str, dependencies: list, progress:
     """Run the store tasks: locally in waves of a few blocks when that pays, else at once."""
     if not tasks:
         return 0
-    graph = HighLevelGraph.from_collections(name, tasks, dependencies=dependencies)
-    if _active_client() is None and _waves_fit_the_scheduler():
-        plan = _plan_waves(dict(graph), indices)
-        if plan is not None:
-            return _run_in_waves(*plan, progress=progress)
-    # A cluster manages its workers' memory (limits, spilling); other graphs and
-    # schedulers run as one computation.
     final = (name,)
     graph = HighLevelGraph.from_collections(
         name, {**tasks, final: (sum, list(tasks))}, dependencies=dependencies
     )
+    if _active_client() is None and _waves_fit_the_scheduler():
+        plan = _plan_waves(dict(graph), indices)  # waves cull to the store tasks
+        if plan is not None:
+            return _run_in_waves(*plan, progress=progress)
+    # A cluster manages its workers' memory (limits, spilling); other graphs and
+    # schedulers run as one computation.
     (written,) = compute(Delayed(final, graph, layer=name), progress=progress)
     return int(written)
 
