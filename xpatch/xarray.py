@@ -9,7 +9,7 @@ from __future__ import annotations
 import operator
 import warnings
 from collections.abc import Hashable, Mapping, Sequence
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import dask.array as da
 import numpy as np
@@ -17,6 +17,7 @@ import xarray as xr
 from numpy.typing import DTypeLike
 
 from xpatch.core.apply import BatchFunction, apply_dask, apply_numpy
+from xpatch.core.chunk_cache import DEFAULT_CACHE_BYTES
 from xpatch.core.errors import (
     DimensionError,
     GeometryError,
@@ -44,6 +45,9 @@ from xpatch.core.overlap_add import (
 from xpatch.core.samplers import AtLabels, RegularGrid, Sampler, anchor_array
 from xpatch.core.validity import window_sums
 from xpatch.core.windows import WindowSpec, make_window
+
+if TYPE_CHECKING:
+    from xpatch.grain import PatchSource
 
 T = TypeVar("T", xr.DataArray, xr.Dataset)
 
@@ -827,6 +831,33 @@ class Patcher(Generic[T]):
         # (scale_factor, _FillValue, ...) would misread it.
         attrs = {k: v for k, v in obj.attrs.items() if k not in VALUE_ENCODING_ATTRS}
         return xr.DataArray(result, coords=coords, name=obj.name, attrs=attrs)
+
+    # -- training pipelines -----------------------------------------------------------
+
+    def to_grain(
+        self,
+        *,
+        variables: Sequence[Hashable] | None = None,
+        cache_bytes: int = DEFAULT_CACHE_BYTES,
+    ) -> PatchSource:
+        """Serve the patches as a Grain ``RandomAccessDataSource`` (or PyTorch dataset).
+
+        Item ``i`` is a dict of numpy arrays: ``"data"`` (or one entry per Dataset
+        variable), ``"weights"``, ``"anchor"`` and ``"index"``. Dask input is read
+        chunk by chunk through a cache of ``cache_bytes`` per process; building the
+        source computes nothing. See :class:`xpatch.grain.PatchSource`.
+
+        Examples
+        --------
+        >>> import numpy as np, xarray as xr, xpatch
+        >>> scene = xr.DataArray(np.zeros((3, 64, 64), "float32"), dims=("band", "y", "x"))
+        >>> src = scene.chunk(x=32, y=32).patch(y=32, x=32, stride=16).to_grain()
+        >>> len(src), src[0]["data"].shape, src[0]["anchor"].tolist()
+        (9, (3, 32, 32), [0, 0])
+        """
+        from xpatch.grain import PatchSource
+
+        return PatchSource(self, variables=variables, cache_bytes=cache_bytes)
 
     @staticmethod
     def _locator(obj: xr.DataArray | xr.Dataset):

@@ -1,0 +1,546 @@
+"""A Grain data source over the patches of a Patcher (optional extra ``grain``).
+
+:class:`PatchSource` satisfies ``grain.sources.RandomAccessDataSource``
+(``__len__`` and ``__getitem__(int)``), and PyTorch's map-style ``Dataset`` too.
+It serves each patch from the input chunks it touches: a chunk is computed once,
+held in a bounded cache shared by the read threads of its process, and sliced by
+every patch that needs it. :meth:`PatchSource.chunk_shuffle` is a shuffle that
+keeps that cache useful.
+
+The source itself needs only numpy; :meth:`PatchSource.chunk_shuffle` needs
+``pip install "xarray-patch[grain]"``.
+
+Examples
+--------
+>>> import numpy as np, xarray as xr, xpatch
+>>> scene = xr.DataArray(np.arange(256 * 256, dtype="float32").reshape(256, 256), dims=("y", "x"))
+>>> src = xpatch.patch(scene, y=32, x=32, stride=24, window="hann").to_grain()
+>>> len(src), sorted(src[0]), src[0]["data"].shape
+(121, ['anchor', 'data', 'index', 'weights'], (32, 32))
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Hashable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import dask.array as da
+import numpy as np
+import xarray as xr
+from dask.base import tokenize
+
+from xpatch.core.chunk_cache import (
+    DEFAULT_CACHE_BYTES,
+    CacheStats,
+    ChunkCache,
+    ChunkGrid,
+    assemble_patch,
+    read_region,
+)
+from xpatch.core.errors import DimensionError, OptionError, PredictionError
+from xpatch.core.extract import check_pad_value, chunk_ids
+from xpatch.core.shuffle import chunk_local_permutation
+
+if TYPE_CHECKING:
+    from xpatch.xarray import Patcher
+
+#: Keys every item carries besides its data.
+ITEM_KEYS = ("weights", "anchor", "index")
+
+GRAIN_HINT = 'pip install "xarray-patch[grain]" (or pip install grain)'
+
+
+def require_grain():
+    """Import grain, or raise an ImportError that says what to install."""
+    try:
+        return importlib.import_module("grain")
+    except ImportError as error:
+        raise ImportError(f"this needs Grain: {GRAIN_HINT}.") from error
+
+
+def mark_absl_flags_parsed() -> None:
+    """Mark absl's flags parsed, which Grain's worker processes need.
+
+    grain 0.2.18 reads absl flags when it starts worker processes and raises
+    ``UnparsedFlagAccessError`` when no program parsed them (grain issue 1355),
+    as in any script or notebook that does not run under ``absl.app``. Flags
+    already parsed are left alone.
+    """
+    try:
+        from absl import flags
+    except ImportError:  # grain brings absl; without it there is nothing to do
+        return
+    if not flags.FLAGS.is_parsed():
+        flags.FLAGS.mark_as_parsed()
+
+
+class _VariablePlan:
+    """How to cut one variable's patches: its patched axes, patch shape and pad value."""
+
+    __slots__ = (
+        "axes", "columns", "dtype", "extents", "lazy", "name", "pad_value", "patch_shape",
+        "patch_size", "var",
+    )  # fmt: skip
+
+    def __init__(
+        self, name: Hashable, var: xr.Variable, dims: Sequence[Hashable], size, pad_value
+    ) -> None:
+        self.name = name
+        self.var = var
+        # The patched axes in the variable's own order, and for each the column of
+        # the patcher's anchors (which follow the patcher's dim order).
+        self.columns = sorted(range(len(dims)), key=lambda j: var.dims.index(dims[j]))
+        self.axes = [var.dims.index(dims[j]) for j in self.columns]
+        shape = list(var.shape)
+        for ax, j in zip(self.axes, self.columns):
+            shape[ax] = size[j]
+        self.patch_shape = tuple(shape)
+        self.patch_size = [shape[ax] for ax in self.axes]
+        self.extents = [var.shape[ax] for ax in self.axes]
+        self.dtype = var.dtype
+        self.pad_value = check_pad_value(pad_value, var.dtype)
+        self.lazy = isinstance(var.data, da.Array)
+
+
+class PatchSource:
+    """Random access to the patches of a :class:`~xpatch.Patcher`, for Grain and PyTorch.
+
+    ``src[i]`` is a dict of numpy arrays for patch ``i`` (the order of
+    ``p.anchors()``):
+
+    - ``"data"`` for a DataArray, or one entry per data variable of a Dataset
+      (all cut from the same window): the patch, with the input's dims and dtype;
+    - ``"weights"``: float32 over the patched dims, the blending window, 0 on
+      cells past the array's edge (``boundary="pad"``);
+    - ``"anchor"``: int64, the patch's start per patched dim;
+    - ``"index"``: int64, ``i``.
+
+    Dask-backed input is read chunk by chunk: a patch is copied out of the
+    chunks it touches, each computed once (one small dask computation on the
+    calling thread) and kept in a least-recently-used cache of ``cache_bytes``.
+    Concurrent requests for one chunk load it once. :meth:`cache_stats` counts
+    loads and hits. Numpy input is sliced directly; lazily opened files without
+    dask chunks are read window by window through xarray.
+
+    The source pickles without its cache: every worker process of
+    ``mp_prefetch`` or ``DataLoader(worker_count>0)`` reopens lazily opened
+    files and fills its own cache. Its ``repr`` is a deterministic digest of the
+    data and the layout, which Grain's checkpoints compare.
+
+    Parameters
+    ----------
+    patcher
+        The patch layout; build it with ``obj.patch(...)``.
+    variables
+        For a Dataset, the data variables to serve (default: every variable that
+        has all of the patched dims).
+    cache_bytes
+        Upper bound of the chunk cache of each process, in bytes (default
+        512 MiB). A sequential pass reads each chunk once if the cache holds two
+        rows of chunks: the patches of one chunk reach into the next row.
+
+    Examples
+    --------
+    >>> import numpy as np, xarray as xr, xpatch
+    >>> image = xr.DataArray(np.zeros((2, 64, 64), "float32"), dims=("band", "y", "x"))
+    >>> ds = xr.Dataset({"image": image.chunk(x=32, y=32), "mask": image[0] > 0})
+    >>> src = ds.patch(y=32, x=32, stride=16).to_grain()
+    >>> item = src[3]
+    >>> item["image"].shape, item["mask"].shape, item["anchor"].tolist()
+    ((2, 32, 32), (32, 32), [16, 16])
+    >>> src.cache_stats().loads
+    4
+    """
+
+    def __init__(
+        self,
+        patcher: Patcher,
+        *,
+        variables: Sequence[Hashable] | None = None,
+        cache_bytes: int = DEFAULT_CACHE_BYTES,
+    ) -> None:
+        from xpatch.xarray import _patched_variables
+
+        if not isinstance(cache_bytes, int | np.integer) or cache_bytes < 0:
+            raise OptionError(
+                f"cache_bytes={cache_bytes!r} must be a number of bytes >= 0, e.g. 2**30 for 1 GiB."
+            )
+        obj = patcher.obj
+        dims = patcher.dims
+        usable = _patched_variables(obj, dims)
+        if isinstance(obj, xr.DataArray):
+            if variables is not None:
+                raise OptionError(
+                    f"variables={variables!r} applies to Datasets; a DataArray's patches are "
+                    "served as 'data'. Leave variables out."
+                )
+            chosen = {"data": next(iter(usable.values()))}
+        else:
+            names = list(usable) if variables is None else list(variables)
+            unusable = [n for n in names if n not in usable]
+            if unusable:
+                raise DimensionError(
+                    f"variables={variables!r}: {unusable!r} lack some of the patched dims "
+                    f"{list(dims)!r} (or are not data variables); those with all of them are "
+                    f"{list(usable)!r}."
+                )
+            if not names:
+                raise OptionError("variables=[] selects nothing; name at least one variable.")
+            clash = [n for n in names if n in ITEM_KEYS]
+            if clash:
+                raise OptionError(
+                    f"data variable(s) {clash!r} would collide with the item keys {ITEM_KEYS}; "
+                    "rename them first, e.g. ds.rename({'weights': 'weights_var'})."
+                )
+            chosen = {str(n): usable[n] for n in names}
+        size = [patcher.size[d] for d in dims]
+        plans = [
+            _VariablePlan(name, var, dims, size, patcher._pad_value) for name, var in chosen.items()
+        ]
+        anchors = patcher._anchor_array()
+        grid = _chunk_grid(plans, dims)
+        mark_absl_flags_parsed()
+        self._patcher = patcher
+        self._plans = plans
+        self._anchors = anchors
+        self._anchor_tuples = [tuple(row) for row in anchors.tolist()]
+        self._grid = grid
+        self._size = size
+        self._shape = list(patcher.geometry.shape)
+        self._window = patcher._window.values.astype(np.float32)
+        self._cache_bytes = int(cache_bytes)
+        self._cache = ChunkCache(self._cache_bytes)
+        self._repr = self._describe(obj)
+
+    # -- protocol -------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self._anchors)
+
+    def __getitem__(self, index: int) -> dict[str, np.ndarray]:
+        """Patch ``index`` as a dict of numpy arrays (see the class docstring)."""
+        if isinstance(index, bool) or not isinstance(index, int | np.integer):
+            raise TypeError(f"patch index {index!r} must be an int.")
+        n = len(self._anchors)
+        position = int(index)
+        if not -n <= position < n:
+            raise IndexError(f"patch index {position} is out of range for {n} patches.")
+        position %= n
+        anchor = self._anchor_tuples[position]
+        blocks = self._grid.touched(anchor, self._size) if self._grid is not None else []
+        chunks = [(self._grid.region(b), self._chunk(b)) for b in blocks]
+        item = {plan.name: self._cut(plan, anchor, chunks) for plan in self._plans}
+        item["weights"] = self._weights(anchor)
+        item["anchor"] = np.array(anchor, dtype=np.int64)
+        item["index"] = np.int64(position)
+        return item
+
+    def __repr__(self) -> str:
+        return self._repr
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        del state["_cache"]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._cache = ChunkCache(self._cache_bytes)
+        mark_absl_flags_parsed()
+
+    # -- reading ----------------------------------------------------------------------
+
+    def _chunk(self, block: tuple[int, ...]) -> dict[Hashable, np.ndarray]:
+        return self._cache.get(block, lambda: self._load(block))
+
+    def _load(self, block: tuple[int, ...]) -> dict[Hashable, np.ndarray]:
+        region = self._grid.region(block)
+        loaded = {}
+        for plan in self._plans:
+            if plan.lazy:
+                # The calling thread computes: Grain's read threads and worker
+                # processes are the parallelism; a nested thread pool would contend.
+                value = read_region(plan.var.data, plan.axes, [region[j] for j in plan.columns])
+                value.setflags(write=False)
+                loaded[plan.name] = value
+        return loaded
+
+    def _cut(self, plan: _VariablePlan, anchor: tuple[int, ...], chunks: list) -> np.ndarray:
+        local = [anchor[j] for j in plan.columns]
+        inside = all(a + s <= n for a, s, n in zip(local, plan.patch_size, plan.extents))
+        out = (
+            np.empty(plan.patch_shape, plan.dtype)
+            if inside
+            else np.full(plan.patch_shape, plan.pad_value, plan.dtype)
+        )
+        if plan.lazy:
+            pieces = [
+                (tuple(region[j] for j in plan.columns), values[plan.name])
+                for region, values in chunks
+            ]
+            return assemble_patch(out, plan.axes, local, pieces)
+        window = _index(plan, [slice(a, a + s) for a, s in zip(anchor, self._size)], clip=True)
+        values = plan.var[window].values
+        target = [slice(None)] * len(plan.patch_shape)
+        for ax in plan.axes:
+            target[ax] = slice(0, values.shape[ax])
+        out[tuple(target)] = values
+        return out
+
+    def _weights(self, anchor: tuple[int, ...]) -> np.ndarray:
+        # A fresh array per item: consumers such as torch's collate want to own it.
+        weights = self._window.copy()
+        for j, (a, s, n) in enumerate(zip(anchor, self._size, self._shape)):
+            if a + s > n:
+                index = [slice(None)] * weights.ndim
+                index[j] = slice(n - a, None)
+                weights[tuple(index)] = 0
+        return weights
+
+    # -- information ------------------------------------------------------------------
+
+    @property
+    def patcher(self) -> Patcher:
+        """The patch layout this source serves."""
+        return self._patcher
+
+    @property
+    def variables(self) -> tuple[str, ...]:
+        """The data keys of an item: ``("data",)`` or the Dataset's variables."""
+        return tuple(str(plan.name) for plan in self._plans)
+
+    def cache_stats(self) -> CacheStats:
+        """Chunk loads, hits, evictions and bytes held by this process's cache.
+
+        ``loads / number of chunks`` is the read amplification of a pass. Each
+        worker process has its own cache and counters.
+        """
+        return self._cache.stats()
+
+    def clear_cache(self) -> None:
+        """Drop the cached chunks and reset the counters."""
+        self._cache.clear()
+
+    @property
+    def chunk_count(self) -> int:
+        """Number of input chunks (1 for input without dask chunks)."""
+        return self._grid.count if self._grid is not None else 1
+
+    def chunk_of_patch(self) -> np.ndarray:
+        """For every patch, the flat (C-order) index of the chunk holding its anchor."""
+        if self._grid is None:
+            return np.zeros(len(self), dtype=np.int64)
+        bounds = [np.asarray(s[1:]) for s in self._grid.starts]
+        return chunk_ids(self._anchors, bounds)
+
+    def _describe(self, obj: xr.DataArray | xr.Dataset) -> str:
+        p = self._patcher
+        data = {plan.name: plan.var for plan in self._plans}
+        digest = tokenize(
+            data,
+            self._anchors,
+            self._window,
+            [plan.pad_value for plan in self._plans],
+            ensure_deterministic=False,
+        )
+        size = ", ".join(f"{d}: {s}" for d, s in p.size.items())
+        return (
+            f"xpatch.PatchSource({len(self)} patches of ({size}) from a "
+            f"{type(obj).__name__} {self.variables}, digest={digest})"
+        )
+
+    # -- pipelines --------------------------------------------------------------------
+
+    def chunk_shuffled_order(self, seed: int, epoch: int = 0) -> np.ndarray:
+        """Return the patch order of a chunk-local shuffled epoch (an array of indices).
+
+        The same order :meth:`chunk_shuffle` serves, without Grain: a sampler
+        for PyTorch's ``DataLoader(src, sampler=...)`` or any other loop.
+
+        Examples
+        --------
+        >>> import numpy as np, xarray as xr, xpatch
+        >>> da_ = xr.DataArray(np.zeros((64, 64)), dims=("y", "x")).chunk(32)
+        >>> src = da_.patch(y=16, x=16).to_grain()
+        >>> order = src.chunk_shuffled_order(seed=0)
+        >>> sorted(order.tolist()) == list(range(16))
+        True
+        >>> bool((order != src.chunk_shuffled_order(seed=0, epoch=1)).any())
+        True
+        """
+        return chunk_local_permutation(self.chunk_of_patch(), seed, epoch)
+
+    def chunk_shuffle(self, dataset: Any = None, *, seed: int, shard_options: Any = None) -> Any:
+        """Shuffle chunk by chunk: chunks in a random order, their patches in a random order.
+
+        Every epoch (every pass of ``len(self)`` indices, as after ``.repeat()``)
+        has its own permutation, the same in every process for the same seed.
+        One chunk's patches come together, so a cache much smaller than the data
+        serves the epoch; a global ``.shuffle`` touches chunks at random and reads
+        each chunk many times unless the cache holds the whole array. Patches
+        that straddle chunk borders also need neighbouring chunks, which a small
+        cache has often dropped: on 4 x 4 chunks with half of them cached, a
+        chunk-local epoch reads each chunk about twice, a global one about 19
+        times (``docs/grain.md`` has the figures). Use it when the data is larger
+        than the cache; if batches need more mixing, shuffle the batches too.
+
+        Parameters
+        ----------
+        dataset
+            A ``grain.MapDataset`` of ``len(self)`` elements whose element ``i``
+            comes from patch ``i`` (``grain.MapDataset.source(src)``, maybe
+            followed by ``.map``). Default: the source itself. So
+            ``grain.MapDataset.source(src).pipe(src.chunk_shuffle, seed=42)``.
+        seed
+            The seed; ``0 <= seed < 2**32``.
+        shard_options
+            A ``grain.sharding.ShardOptions``: keep only this shard's contiguous
+            run of the patch index (split as Grain's ``IndexSampler`` splits it),
+            so shards do not overlap and each reads its own chunks.
+
+        Returns
+        -------
+        grain.MapDataset
+
+        Examples
+        --------
+        >>> import numpy as np, xarray as xr, xpatch
+        >>> da_ = xr.DataArray(np.zeros((64, 64)), dims=("y", "x")).chunk(32)
+        >>> src = da_.patch(y=16, x=16).to_grain()
+        >>> order = [int(item["index"]) for item in src.chunk_shuffle(seed=0)]
+        >>> chunks = src.chunk_of_patch()[order]
+        >>> sorted(order) == list(range(16)), int((np.diff(chunks) != 0).sum())
+        (True, 3)
+        """
+        grain = require_grain()
+        from xpatch._grain_shuffle import ChunkShuffleMapDataset
+
+        if dataset is None:
+            dataset = grain.MapDataset.source(self)
+        groups = self.chunk_of_patch()
+        if len(dataset) != len(groups):
+            raise OptionError(
+                f"dataset has {len(dataset)} elements and the source {len(groups)} patches; "
+                "chunk_shuffle needs element i to be patch i: shuffle before filter, batch "
+                "or slicing (use shard_options= to shard)."
+            )
+        if shard_options is not None:
+            start, stop = shard_range(len(groups), shard_options)
+            dataset = dataset.slice(slice(start, stop))
+            groups = groups[start:stop]
+        return ChunkShuffleMapDataset(dataset, groups=groups, seed=seed)
+
+    def predictions(
+        self,
+        values: Any,
+        *,
+        index: Any,
+        dims: Sequence[Hashable],
+        name: Hashable | None = None,
+    ) -> xr.DataArray:
+        """Predictions gathered from a pipeline, as ``p.reconstruct`` takes them.
+
+        Parameters
+        ----------
+        values
+            ``(n, *dims)`` outputs, one per patch, in any order (stack the
+            batches of a pipeline).
+        index
+            ``(n,)`` the ``"index"`` of each item, as the pipeline delivered it.
+        dims
+            Names of the dims of one prediction, e.g. ``("class", "y", "x")``;
+            must include the patched dims with the patch size.
+        name
+            Name of the returned DataArray.
+
+        Returns
+        -------
+        xarray.DataArray
+            dims ``("patch", *dims)`` in patch order, with ``{dim}_anchor``
+            coordinates.
+
+        Examples
+        --------
+        >>> import numpy as np, xarray as xr, xpatch
+        >>> da_ = xr.DataArray(np.arange(16.0).reshape(4, 4), dims=("y", "x"))
+        >>> p = da_.patch(y=2, x=2)
+        >>> src = p.to_grain()
+        >>> items = [src[i] for i in (3, 1, 0, 2)]
+        >>> pred = src.predictions(
+        ...     np.stack([it["data"] for it in items]), index=[it["index"] for it in items],
+        ...     dims=("y", "x"))
+        >>> bool(p.reconstruct(pred).equals(da_))
+        True
+        """
+        n = len(self)
+        index = np.asarray(index)
+        values = np.asarray(values)
+        if index.ndim != 1 or not np.issubdtype(index.dtype, np.integer):
+            raise PredictionError(
+                f"index must be a 1-D sequence of ints (the items' 'index'); got shape "
+                f"{index.shape} of dtype {index.dtype}."
+            )
+        if values.ndim != len(dims) + 1 or len(values) != len(index):
+            raise PredictionError(
+                f"values has shape {values.shape}; with dims={tuple(dims)!r} and {len(index)} "
+                f"indices it must be ({len(index)}, <one size per dim>)."
+            )
+        counts = np.bincount(index[(index >= 0) & (index < n)], minlength=n)
+        if (index < 0).any() or (index >= n).any() or (counts != 1).any():
+            missing = np.flatnonzero(counts == 0)[:5].tolist()
+            repeated = np.flatnonzero(counts > 1)[:5].tolist()
+            outside = index[(index < 0) | (index >= n)][:5].tolist()
+            raise PredictionError(
+                f"index must name each of the {n} patches once; missing {missing}, repeated "
+                f"{repeated}, out of range {outside} (first few shown). Collect one prediction "
+                "per patch (drop_remainder=False, every shard)."
+            )
+        order = np.argsort(index, kind="stable")
+        coords = {
+            f"{d}_anchor": ("patch", self._anchors[:, j].copy())
+            for j, d in enumerate(self._patcher.dims)
+        }
+        return xr.DataArray(values[order], dims=("patch", *dims), coords=coords, name=name)
+
+
+def shard_range(count: int, shard_options: Any) -> tuple[int, int]:
+    """``(start, stop)`` of a shard's contiguous run, split as Grain's ``IndexSampler`` does.
+
+    Examples
+    --------
+    >>> from types import SimpleNamespace as Options
+    >>> [shard_range(10, Options(shard_index=i, shard_count=3, drop_remainder=False))
+    ...  for i in range(3)]
+    [(0, 4), (4, 7), (7, 10)]
+    """
+    index, shards = int(shard_options.shard_index), int(shard_options.shard_count)
+    if not 0 <= index < shards:
+        raise OptionError(
+            f"shard_options has shard_index={index} and shard_count={shards}; the index must "
+            "be in [0, shard_count)."
+        )
+    per_shard, remainder = divmod(count, shards)
+    start, stop = per_shard * index, per_shard * (index + 1)
+    if not shard_options.drop_remainder:
+        start += min(index, remainder)
+        stop += min(index + 1, remainder)
+    return start, stop
+
+
+def _index(plan: _VariablePlan, region: Sequence[slice], clip: bool = False) -> tuple:
+    """Index of ``plan.var`` for ``region`` (slices in the patcher's dim order)."""
+    index: list[slice] = [slice(None)] * plan.var.ndim
+    for ax, j in zip(plan.axes, plan.columns):
+        sl = region[j]
+        index[ax] = slice(sl.start, min(sl.stop, plan.var.shape[ax])) if clip else sl
+    return tuple(index)
+
+
+def _chunk_grid(plans: list[_VariablePlan], dims: Sequence[Hashable]) -> ChunkGrid | None:
+    """Return the chunk grid of the first dask-backed variable over the patched dims."""
+    for plan in plans:
+        if plan.lazy:
+            var = plan.var
+            return ChunkGrid.from_chunks([var.chunks[var.dims.index(d)] for d in dims])
+    return None
