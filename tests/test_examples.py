@@ -1,0 +1,39 @@
+"""The training examples run: JAX with checkpoint and resume, PyTorch map-style."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def load(name: str):
+    spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_jax_training_resumes_at_the_exact_next_batch_and_learns(tmp_path):
+    pytest.importorskip("jax")
+    pytest.importorskip("grain")
+    example = load("train_jax")
+    straight = example.main(["--steps", "20", "--checkpoint", str(tmp_path / "a.pkl")])
+    first = example.main(["--steps", "12", "--checkpoint", str(tmp_path / "b.pkl")])
+    resumed = example.main(["--steps", "20", "--checkpoint", str(tmp_path / "b.pkl"), "--resume"])
+    assert first["losses"] + resumed["losses"] == pytest.approx(straight["losses"], rel=1e-6)
+    for name in ("w", "b"):
+        np.testing.assert_allclose(resumed["params"][name], straight["params"][name], rtol=1e-6)
+    assert straight["losses"][-1] < 0.5 * straight["losses"][0]
+    assert straight["accuracy"] > 0.95
+
+
+def test_the_source_is_a_pytorch_map_style_dataset():
+    pytest.importorskip("torch")
+    result = load("torch_dataset").main(["--epochs", "2"])
+    assert result["losses"][-1] < result["losses"][0]
+    assert result["accuracy"] > 0.8
