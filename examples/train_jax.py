@@ -122,10 +122,14 @@ def infer(params: dict) -> tuple[xr.DataArray, xr.DataArray]:
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=40)
-    parser.add_argument("--checkpoint", type=Path, default=None)
+    parser.add_argument(
+        "--checkpoint", type=Path, default=None, help="where to save (default: a temporary file)"
+    )
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--workers", type=int, default=0)
     args = parser.parse_args(argv)
+    if args.resume and args.checkpoint is None:
+        parser.error("--resume needs --checkpoint PATH, the file an earlier run saved")
     with tempfile.TemporaryDirectory() as tmp:
         checkpoint = args.checkpoint or Path(tmp) / "checkpoint.pkl"
         params, losses = train(args.steps, checkpoint, args.resume, args.workers)

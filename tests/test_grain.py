@@ -108,6 +108,32 @@ def test_variables_chunked_differently_are_read_by_the_first_ones_chunks():
     assert src.cache_stats().loads == src.chunk_count == 20
 
 
+def test_a_file_opened_without_dask_is_read_window_by_window_not_whole(tmp_path):
+    values = np.random.default_rng(2).normal(size=(2, 40, 48)).astype("float32")
+    xr.DataArray(values, dims=("band", "y", "x"), name="s").to_dataset().to_zarr(
+        tmp_path / "s.zarr"
+    )
+    lazy = xr.open_zarr(tmp_path / "s.zarr", chunks=None)["s"]
+    src = lazy.patch(y=16, x=16, stride=12).to_grain()
+    repr(src)
+    assert not lazy.variable._in_memory  # building read nothing whole
+    for i in range(len(src)):
+        y, x = src[i]["anchor"]
+        np.testing.assert_array_equal(src[i]["data"], values[:, y : y + 16, x : x + 16])
+    assert not lazy.variable._in_memory
+    again = xr.open_zarr(tmp_path / "s.zarr", chunks=None)["s"]
+    assert repr(again.patch(y=16, x=16, stride=12).to_grain()) == repr(src)
+
+
+def test_the_chunks_that_order_the_patches_are_the_chunks_that_are_cached():
+    image = dask_scene()  # 16 x 16 chunks order the patches
+    other = image.isel(band=0).chunk({"y": 32, "x": 40})
+    src = xr.Dataset({"image": image, "other": other}).patch(y=8, x=8).to_grain(variables=["other"])
+    assert src.chunk_count == 20
+    order = src.chunk_of_patch()
+    assert (np.diff(order) >= 0).all()  # chunk-major in the grid that is cached
+
+
 def test_padded_cells_get_the_pad_value_and_zero_weight():
     scene = dask_scene()
     src = scene.patch(y=48, x=48, stride=40, boundary="pad", window="hann").to_grain()
@@ -239,9 +265,11 @@ def test_concurrent_requests_for_one_chunk_load_it_once():
 def test_a_failed_load_reaches_every_waiter_and_is_retried_later():
     cache = ChunkCache(max_bytes=2**20)
     start = threading.Barrier(4)
+    calls = []
 
     def failing():
-        time.sleep(0.1)
+        calls.append(1)
+        time.sleep(0.2)
         raise OSError("disk gone")
 
     def ask(_):
@@ -253,7 +281,30 @@ def test_a_failed_load_reaches_every_waiter_and_is_retried_later():
 
     with ThreadPoolExecutor(4) as pool:
         assert list(pool.map(ask, range(4))) == ["disk gone"] * 4
+    assert len(calls) == 1  # the waiters got the one load's error, they did not retry
     assert cache.get("k", lambda: np.zeros(1)).tolist() == [0.0]
+    assert cache.stats().loads == 2
+
+
+def test_an_interrupted_load_is_taken_over_by_a_waiting_thread():
+    cache = ChunkCache(max_bytes=2**20)
+    started = threading.Event()
+
+    def interrupted():
+        started.set()
+        time.sleep(0.2)
+        raise KeyboardInterrupt
+
+    def waiter():
+        started.wait()
+        return cache.get("k", lambda: np.ones(2))
+
+    with ThreadPoolExecutor(1) as pool:
+        result = pool.submit(waiter)
+        with pytest.raises(KeyboardInterrupt):
+            cache.get("k", interrupted)
+        assert result.result(timeout=5).tolist() == [1.0, 1.0]
+    assert cache.stats().loads == 2 and cache.stats().hits == 0
 
 
 def test_a_chunk_larger_than_the_cache_is_served_but_not_kept():
@@ -389,6 +440,19 @@ def test_shards_split_the_patch_index_without_overlap():
     chunk = src.chunk_of_patch()
     shared = set(chunk[shards[0]]) & set(chunk[shards[2]])
     assert not shared
+    # Explicit anchors keep the caller's order; shards still split by chunk.
+    rng = np.random.default_rng(0)
+    anchors = xpatch.Anchors({"y": rng.integers(0, 56, 60), "x": rng.integers(0, 72, 60)})
+    scattered = dask_scene().patch(y=8, x=8, sampler=anchors).to_grain()
+    parts = [
+        epoch_order(
+            scattered.chunk_shuffle(seed=5, shard_options=grain.sharding.ShardOptions(i, 2))
+        )
+        for i in range(2)
+    ]
+    assert sorted(np.concatenate(parts).tolist()) == list(range(60))
+    chunk_sets = [set(scattered.chunk_of_patch()[part].tolist()) for part in parts]
+    assert len(chunk_sets[0] & chunk_sets[1]) <= 1
     sliced = [epoch_order(grain.MapDataset.source(src)[i::3]) for i in range(3)]
     assert sorted(np.concatenate(sliced).tolist()) == list(range(n))
     sampled = []
@@ -449,6 +513,11 @@ def test_incomplete_or_repeated_predictions_are_refused():
         src.predictions(values, index=index.astype(float), dims=("y", "x"))
     with pytest.raises(xpatch.PredictionError, match=r"must be \(30, <one size per dim>\)"):
         src.predictions(values, index=index, dims=("band", "y", "x"))
+    for dims in ("yx", ("patch", "x"), ("y", "y")):
+        with pytest.raises(xpatch.PredictionError, match="distinct dim names other than"):
+            src.predictions(values, index=index, dims=dims)
+    with pytest.raises(xpatch.PredictionError, match=r"missing \[0, 1, 2, 3, 4\]"):
+        src.predictions(values[:0], index=[], dims=("y", "x"))
 
 
 # -- optional dependency ----------------------------------------------------------------

@@ -26,20 +26,29 @@ class ChunkShuffleMapDataset(grain.MapDataset):
         ``(len(parent),)`` group label of every element (the chunk of its patch).
     seed
         ``0 <= seed < 2**32``.
+    members
+        The parent's elements to serve (a shard); default all of them.
     """
 
     _MUTATES_ELEMENT_SPEC = False
 
-    def __init__(self, parent: grain.MapDataset, *, groups: np.ndarray, seed: int) -> None:
+    def __init__(
+        self,
+        parent: grain.MapDataset,
+        *,
+        groups: np.ndarray,
+        seed: int,
+        members: np.ndarray | None = None,
+    ) -> None:
         super().__init__(parent)
-        groups = np.asarray(groups)
         self._seed = check_seed(seed)
-        self._groups = groups
+        self._members = np.arange(len(parent)) if members is None else np.asarray(members)
+        self._groups = np.asarray(groups)[self._members]
         self._lock = threading.Lock()
         self._permutations: dict[int, np.ndarray] = {}
 
     def __len__(self) -> int:
-        return len(self._parent)
+        return len(self._members)
 
     def __str__(self) -> str:
         return f"ChunkShuffleMapDataset(seed={self._seed})"
@@ -55,7 +64,7 @@ class ChunkShuffleMapDataset(grain.MapDataset):
         self._lock = threading.Lock()
 
     def permutation(self, epoch: int) -> np.ndarray:
-        """Return the order of epoch ``epoch``: positions of the parent's elements."""
+        """Return the order of epoch ``epoch``: positions in ``members``."""
         with self._lock:
             cached = self._permutations.get(epoch)
         if cached is not None:
@@ -69,9 +78,9 @@ class ChunkShuffleMapDataset(grain.MapDataset):
         return order
 
     def _shuffled_index(self, index: int) -> int:
-        length = len(self._parent)
-        epoch, within = divmod(int(index), length)
-        return int(self.permutation(epoch)[within]) + epoch * length
+        epoch, within = divmod(int(index), len(self._members))
+        member = self._members[self.permutation(epoch)[within]]
+        return int(member) + epoch * len(self._parent)
 
     def __getitem__(self, index: Any) -> Any:
         if isinstance(index, slice):

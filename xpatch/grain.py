@@ -22,10 +22,10 @@ Examples
 from __future__ import annotations
 
 import importlib
+import os
 from collections.abc import Hashable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import dask.array as da
 import numpy as np
 import xarray as xr
 from dask.base import tokenize
@@ -41,9 +41,7 @@ from xpatch.core.chunk_cache import (
 from xpatch.core.errors import DimensionError, OptionError, PredictionError
 from xpatch.core.extract import check_pad_value, chunk_ids
 from xpatch.core.shuffle import chunk_local_permutation
-
-if TYPE_CHECKING:
-    from xpatch.xarray import Patcher
+from xpatch.xarray import Patcher, _patched_variables, is_dask_backed
 
 #: Keys every item carries besides its data.
 ITEM_KEYS = ("weights", "anchor", "index")
@@ -100,7 +98,7 @@ class _VariablePlan:
         self.extents = [var.shape[ax] for ax in self.axes]
         self.dtype = var.dtype
         self.pad_value = check_pad_value(pad_value, var.dtype)
-        self.lazy = isinstance(var.data, da.Array)
+        self.lazy = is_dask_backed(var)
 
 
 class PatchSource:
@@ -160,8 +158,6 @@ class PatchSource:
         variables: Sequence[Hashable] | None = None,
         cache_bytes: int = DEFAULT_CACHE_BYTES,
     ) -> None:
-        from xpatch.xarray import _patched_variables
-
         if not isinstance(cache_bytes, int | np.integer) or cache_bytes < 0:
             raise OptionError(
                 f"cache_bytes={cache_bytes!r} must be a number of bytes >= 0, e.g. 2**30 for 1 GiB."
@@ -199,7 +195,8 @@ class PatchSource:
             _VariablePlan(name, var, dims, size, patcher._pad_value) for name, var in chosen.items()
         ]
         anchors = patcher._anchor_array()
-        grid = _chunk_grid(plans, dims)
+        bounds = patcher._chunk_bounds()
+        grid = None if bounds is None else ChunkGrid.from_ends(bounds)
         mark_absl_flags_parsed()
         self._patcher = patcher
         self._plans = plans
@@ -336,13 +333,11 @@ class PatchSource:
 
     def _describe(self, obj: xr.DataArray | xr.Dataset) -> str:
         p = self._patcher
-        data = {plan.name: plan.var for plan in self._plans}
         digest = tokenize(
-            data,
+            [(plan.name, plan.var.dims, data_token(plan.var)) for plan in self._plans],
             self._anchors,
             self._window,
             [plan.pad_value for plan in self._plans],
-            ensure_deterministic=False,
         )
         size = ", ".join(f"{d}: {s}" for d, s in p.size.items())
         return (
@@ -395,9 +390,10 @@ class PatchSource:
         seed
             The seed; ``0 <= seed < 2**32``.
         shard_options
-            A ``grain.sharding.ShardOptions``: keep only this shard's contiguous
-            run of the patch index (split as Grain's ``IndexSampler`` splits it),
-            so shards do not overlap and each reads its own chunks.
+            A ``grain.sharding.ShardOptions``: keep only this shard's share of the
+            patches, a contiguous run of them in chunk order (split as Grain's
+            ``IndexSampler`` splits its index), so shards do not overlap and share
+            at most the chunks at their borders.
 
         Returns
         -------
@@ -425,11 +421,13 @@ class PatchSource:
                 "chunk_shuffle needs element i to be patch i: shuffle before filter, batch "
                 "or slicing (use shard_options= to shard)."
             )
+        members = None
         if shard_options is not None:
+            # Split the patches in chunk order, not index order: explicit anchors keep
+            # the caller's order, and a run of it could span every chunk.
             start, stop = shard_range(len(groups), shard_options)
-            dataset = dataset.slice(slice(start, stop))
-            groups = groups[start:stop]
-        return ChunkShuffleMapDataset(dataset, groups=groups, seed=seed)
+            members = np.argsort(groups, kind="stable")[start:stop]
+        return ChunkShuffleMapDataset(dataset, groups=groups, seed=seed, members=members)
 
     def predictions(
         self,
@@ -474,7 +472,14 @@ class PatchSource:
         True
         """
         n = len(self)
+        if isinstance(dims, str) or "patch" in dims or len(set(dims)) != len(dims):
+            raise PredictionError(
+                f"dims={dims!r} must be a sequence of distinct dim names other than 'patch', "
+                "one per axis of a prediction, e.g. ('class', 'y', 'x')."
+            )
         index = np.asarray(index)
+        if index.size == 0:
+            index = index.astype(np.int64)
         values = np.asarray(values)
         if index.ndim != 1 or not np.issubdtype(index.dtype, np.integer):
             raise PredictionError(
@@ -502,6 +507,23 @@ class PatchSource:
             for j, d in enumerate(self._patcher.dims)
         }
         return xr.DataArray(values[order], dims=("patch", *dims), coords=coords, name=name)
+
+
+def data_token(var: xr.Variable) -> str:
+    """Return a deterministic token of a variable's values, never reading a lazy file whole.
+
+    Dask arrays are named by their graph, in-memory arrays by their bytes. A file
+    variable opened without dask chunks is identified by its source file (path and
+    modification time), shape and dtype: hashing its values would read it whole.
+    Attributes are left out: editing metadata does not change the items.
+    """
+    if is_dask_backed(var):
+        return var.data.name
+    if getattr(var, "_in_memory", True):
+        return tokenize(np.asarray(var.values))
+    source = var.encoding.get("source")
+    modified = os.stat(source).st_mtime_ns if source and os.path.exists(source) else None
+    return tokenize(type(var._data).__name__, source, modified, var.shape, str(var.dtype))
 
 
 def shard_range(count: int, shard_options: Any) -> tuple[int, int]:
@@ -535,12 +557,3 @@ def _index(plan: _VariablePlan, region: Sequence[slice], clip: bool = False) -> 
         sl = region[j]
         index[ax] = slice(sl.start, min(sl.stop, plan.var.shape[ax])) if clip else sl
     return tuple(index)
-
-
-def _chunk_grid(plans: list[_VariablePlan], dims: Sequence[Hashable]) -> ChunkGrid | None:
-    """Return the chunk grid of the first dask-backed variable over the patched dims."""
-    for plan in plans:
-        if plan.lazy:
-            var = plan.var
-            return ChunkGrid.from_chunks([var.chunks[var.dims.index(d)] for d in dims])
-    return None

@@ -61,6 +61,15 @@ VALUE_ENCODING_ATTRS = frozenset(
 )  # fmt: skip
 
 
+def is_dask_backed(var: xr.Variable) -> bool:
+    """Whether ``var`` holds a dask array, asked without loading lazily opened data.
+
+    ``Variable.data`` reads a lazily opened (unchunked) file variable whole;
+    ``chunks`` is None for it and does not read.
+    """
+    return var.chunks is not None and isinstance(var.data, da.Array)
+
+
 def _size_mapping(size: Mapping[Hashable, int] | None, size_kwargs: Mapping[str, int]) -> dict:
     if size is not None and size_kwargs:
         raise OptionError(
@@ -347,7 +356,7 @@ class Patcher(Generic[T]):
     def _chunk_bounds(self) -> list[np.ndarray] | None:
         """Cumulative chunk ends along the patched dims of the first dask variable."""
         for var in _patched_variables(self._obj, self.dims).values():
-            if isinstance(var.data, da.Array):
+            if is_dask_backed(var):
                 return [np.cumsum(var.chunks[var.dims.index(d)]) for d in self.dims]
         return None
 
@@ -591,7 +600,7 @@ class Patcher(Generic[T]):
         return order
 
     def _grid_chunks(self, template: xr.Variable | None, lead: Sequence[int], dtype) -> list:
-        if template is not None and isinstance(template.data, da.Array):
+        if template is not None and is_dask_backed(template):
             return [template.chunks[template.dims.index(d)] for d in self.dims]
         shape = (*lead, *self._geometry.shape)
         chunks = da.core.normalize_chunks(

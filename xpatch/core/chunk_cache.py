@@ -99,38 +99,44 @@ class ChunkCache:
         self._evictions = 0
 
     def get(self, key: Hashable, load: Callable[[], object]) -> object:
-        """Return the chunk under ``key``, calling ``load()`` once if it is not held."""
-        with self._lock:
-            entry = self._entries.get(key)
-            if entry is not None:
-                self._entries.move_to_end(key)
+        """Return the chunk under ``key``, calling ``load()`` once if it is not held.
+
+        If the load fails with an exception, the threads waiting for it raise
+        that exception too (the next request tries again); if it is interrupted
+        (``KeyboardInterrupt``, ``SystemExit``), a waiting thread loads it itself.
+        """
+        while True:
+            with self._lock:
+                entry = self._entries.get(key)
+                if entry is not None:
+                    self._entries.move_to_end(key)
+                    self._hits += 1
+                    return entry[0]
+                pending = self._pending.get(key)
+                if pending is None:
+                    pending = self._pending[key] = _Pending()
+                    self._loads += 1
+                    break
                 self._hits += 1
-                return entry[0]
-            pending = self._pending.get(key)
-            owner = pending is None
-            if owner:
-                pending = self._pending[key] = _Pending()
-                self._loads += 1
-            else:
-                self._hits += 1
-        if not owner:
             pending.done.wait()
-            if pending.error is not None:
+            if pending.error is None:
+                return pending.value
+            if isinstance(pending.error, Exception):
                 raise pending.error
-            return pending.value
+            with self._lock:
+                self._hits -= 1  # the retry counts as this request
         try:
             value = load()
+            pending.value = value
         except BaseException as error:
             pending.error = error
+            raise
+        finally:
             with self._lock:
                 del self._pending[key]
+                if pending.error is None:
+                    self._store(key, pending.value)
             pending.done.set()
-            raise
-        pending.value = value
-        with self._lock:
-            del self._pending[key]
-            self._store(key, value)
-        pending.done.set()
         return value
 
     def _store(self, key: Hashable, value: object) -> None:
@@ -190,9 +196,9 @@ class ChunkGrid:
         return cls(tuple(tuple(np.concatenate([[0], np.cumsum(c)]).tolist()) for c in chunks))
 
     @classmethod
-    def whole(cls, shape: Sequence[int]) -> ChunkGrid:
-        """One chunk covering all of ``shape``."""
-        return cls(tuple((0, int(n)) for n in shape))
+    def from_ends(cls, ends: Sequence[Sequence[int]]) -> ChunkGrid:
+        """Grid from the cumulative chunk ends per patched axis."""
+        return cls(tuple((0, *(int(e) for e in axis_ends)) for axis_ends in ends))
 
     @property
     def count(self) -> int:
