@@ -45,9 +45,11 @@ def test_mp_prefetch_gives_the_single_process_batches_and_resumes_exactly(zarr_s
     state = multi_iterator.get_state()
     tail = batches(multi_iterator)
     assert head + tail == single
+    multi_iterator.close()
     restored = iter(pipeline.mp_prefetch(TWO_WORKERS))
     restored.set_state(state)
     assert batches(restored) == tail
+    restored.close()
     # The values come from the file, reopened in each worker.
     first = single[0][0][0]
     y, x = np.asarray(src.patcher.anchors())[first]
@@ -84,3 +86,24 @@ def test_dataloader_with_workers_restores_a_checkpoint_at_the_next_batch(zarr_sc
     assert batches(restored) == expected
     seen = sorted(np.concatenate([indices for indices, _ in expected]).tolist())
     assert len(seen) == len(set(seen))
+
+
+def test_a_geotiff_opened_with_chunks_reopens_in_each_worker(tmp_path):
+    rioxarray = pytest.importorskip("rioxarray")
+    from rasterio.transform import from_origin
+
+    values = np.random.default_rng(3).normal(size=(3, 80, 96)).astype("float32")
+    scene = xr.DataArray(values, dims=("band", "y", "x"))
+    scene = scene.rio.write_crs("EPSG:32630").rio.write_transform(from_origin(500000, 4e6, 10, 10))
+    path = tmp_path / "scene.tif"
+    scene.rio.to_raster(path, tiled=True, blockxsize=32, blockysize=32)
+    opened = rioxarray.open_rasterio(path, chunks={"y": 32, "x": 32})
+    src = opened.patch(y=24, x=24, stride=16).to_grain()
+    pipeline = src.chunk_shuffle(seed=1).batch(8).to_iter_dataset()
+    single = batches(pipeline)
+    iterator = iter(pipeline.mp_prefetch(TWO_WORKERS))
+    assert batches(iterator) == single
+    iterator.close()
+    first = single[0][0][0]
+    y, x = np.asarray(src.patcher.anchors())[first]
+    np.testing.assert_array_equal(src[first]["data"], values[:, y : y + 24, x : x + 24])
