@@ -195,8 +195,11 @@ class PatchSource:
             _VariablePlan(name, var, dims, size, patcher._pad_value) for name, var in chosen.items()
         ]
         anchors = patcher._anchor_array()
+        # The chunks that order the patches (the first dask variable's) are the
+        # ones cached, so that a pass in patch order reads chunk after chunk.
         bounds = patcher._chunk_bounds()
-        grid = None if bounds is None else ChunkGrid.from_ends(bounds)
+        lazy = any(plan.lazy for plan in plans)
+        grid = ChunkGrid.from_ends(bounds) if bounds is not None and lazy else None
         mark_absl_flags_parsed()
         self._patcher = patcher
         self._plans = plans

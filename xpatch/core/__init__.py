@@ -1,4 +1,6 @@
-"""The numpy/dask core of xpatch: geometry, samplers, windows, extraction, overlap-add.
+"""The numpy/dask core of xpatch: geometry, windows, extraction, overlap-add, caching.
+
+Also the samplers, and the chunk cache and chunk-local shuffle behind the Grain source.
 
 Nothing in this package imports xarray; ``xpatch.xarray`` is the only layer that
 knows about dimension names' coordinates and attributes.
