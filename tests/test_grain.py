@@ -21,7 +21,6 @@ import xpatch
 from tests.conftest import ComputeCounter, forbid_compute
 from tests.test_roundtrip import build, layouts, patch_options
 from xpatch.core.chunk_cache import ChunkCache
-from xpatch.grain import PatchSource
 
 grain = pytest.importorskip("grain")
 
@@ -540,8 +539,3 @@ def test_the_source_works_without_grain_and_the_shuffle_says_what_to_install():
         [sys.executable, "-c", NO_GRAIN], capture_output=True, text=True, check=True
     ).stdout
     assert 'pip install "xarray-patch[grain]"' in out
-
-
-def test_source_built_by_hand_equals_to_grain():
-    p = dask_scene().patch(y=24, x=24, stride=12)
-    assert repr(PatchSource(p)) == repr(p.to_grain())
