@@ -188,8 +188,16 @@ def test_numpy_and_dask_apply_agree_and_dask_stays_lazy_until_computed(scene):
         np.testing.assert_allclose(lazy_out.values, eager.values, rtol=1e-12)
 
 
-def test_apply_drops_the_inputs_value_encoding_attributes(scene):
+def test_apply_drops_the_inputs_packing_and_keeps_its_nodata_unless_told(scene):
     encoded = scene.assign_attrs(_FillValue=0, scale_factor=1e-4, add_offset=1.0, nodata=0)
-    out = encoded.patch(y=10, x=10).apply(lambda b: b * 0)
-    assert out.attrs == {"units": "reflectance"}  # 0.0 is a value, not a fill
+    out = encoded.patch(y=10, x=10).apply(lambda b: b + 1)
+    assert out.attrs == {"units": "reflectance", "_FillValue": 0}
     assert encoded.attrs["_FillValue"] == 0  # the input keeps its own
+    # A model whose 0 is a value: give the output another nodata.
+    zeros = encoded.patch(y=10, x=10).apply(lambda b: b * 0, nodata=np.nan)
+    assert zeros.attrs["_FillValue"] != zeros.attrs["_FillValue"]  # NaN
+    assert (zeros.values == 0).all()
+    bare = encoded.patch(y=10, x=10).apply(lambda b: b * 0, nodata=None)
+    assert bare.attrs == {"units": "reflectance"}
+    with pytest.raises(xpatch.OptionError, match="nodata='band' must be 'input'"):
+        encoded.patch(y=10, x=10).apply(lambda b: b, nodata="band")

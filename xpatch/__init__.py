@@ -25,6 +25,7 @@ from xpatch.core.errors import (
     XPatchError,
 )
 from xpatch.core.samplers import Anchors, AtLabels, JitteredGrid, RandomAnchors, RegularGrid
+from xpatch.geo import AtPoints, InBounds
 from xpatch.io import write
 from xpatch.xarray import Patcher, patch
 
@@ -36,8 +37,10 @@ except PackageNotFoundError:  # pragma: no cover - running from a source tree
 __all__ = [
     "Anchors",
     "AtLabels",
+    "AtPoints",
     "DimensionError",
     "GeometryError",
+    "InBounds",
     "JitteredGrid",
     "OptionError",
     "Patcher",

@@ -41,6 +41,7 @@ from xpatch.core.chunk_cache import (
 from xpatch.core.errors import DimensionError, OptionError, PredictionError
 from xpatch.core.extract import check_pad_value, chunk_ids
 from xpatch.core.shuffle import chunk_local_permutation
+from xpatch.geo import patch_transforms
 from xpatch.xarray import Patcher, _patched_variables, is_dask_backed
 
 #: Keys every item carries besides its data.
@@ -112,7 +113,8 @@ class PatchSource:
     - ``"weights"``: float32 over the patched dims, the blending window, 0 on
       cells past the array's edge (``boundary="pad"``);
     - ``"anchor"``: int64, the patch's start per patched dim;
-    - ``"index"``: int64, ``i``.
+    - ``"index"``: int64, ``i``;
+    - ``"transform"`` with ``transform=True``: the patch's affine transform.
 
     Dask-backed input is read chunk by chunk: a patch is copied out of the
     chunks it touches, each computed once (one small dask computation on the
@@ -137,6 +139,9 @@ class PatchSource:
         Upper bound of the chunk cache of each process, in bytes (default
         512 MiB). A sequential pass reads each chunk once if the cache holds two
         rows of chunks: the patches of one chunk reach into the next row.
+    transform
+        Add ``"transform"`` to every item: float64 ``(6,)``, the patch's affine
+        transform in rasterio's ``Affine`` order (see ``Patcher.transforms``).
 
     Examples
     --------
@@ -157,6 +162,7 @@ class PatchSource:
         *,
         variables: Sequence[Hashable] | None = None,
         cache_bytes: int = DEFAULT_CACHE_BYTES,
+        transform: bool = False,
     ) -> None:
         if not isinstance(cache_bytes, int | np.integer) or cache_bytes < 0:
             raise OptionError(
@@ -183,7 +189,7 @@ class PatchSource:
                 )
             if not names:
                 raise OptionError("variables=[] selects nothing; name at least one variable.")
-            clash = [n for n in names if n in ITEM_KEYS]
+            clash = [n for n in names if n in (*ITEM_KEYS, "transform")]
             if clash:
                 raise OptionError(
                     f"data variable(s) {clash!r} would collide with the item keys {ITEM_KEYS}; "
@@ -209,6 +215,14 @@ class PatchSource:
         self._size = size
         self._shape = list(patcher.geometry.shape)
         self._window = patcher._window.values.astype(np.float32)
+        self._transforms = None
+        if transform:
+            self._transforms = patch_transforms(obj, dims, anchors)
+            if self._transforms is None:
+                raise OptionError(
+                    "transform=True needs a raster: y and x dims with regularly spaced numeric "
+                    "coordinates, or a grid mapping with a GeoTransform (da.rio.write_transform())."
+                )
         self._cache_bytes = int(cache_bytes)
         self._cache = ChunkCache(self._cache_bytes)
         self._repr = self._describe(obj)
@@ -234,6 +248,8 @@ class PatchSource:
         item["weights"] = self._weights(anchor)
         item["anchor"] = np.array(anchor, dtype=np.int64)
         item["index"] = np.int64(position)
+        if self._transforms is not None:
+            item["transform"] = self._transforms[position].copy()
         return item
 
     def __repr__(self) -> str:
@@ -341,6 +357,7 @@ class PatchSource:
             self._anchors,
             self._window,
             [plan.pad_value for plan in self._plans],
+            self._transforms,
         )
         size = ", ".join(f"{d}: {s}" for d, s in p.size.items())
         return (

@@ -9,7 +9,7 @@ from __future__ import annotations
 import operator
 import warnings
 from collections.abc import Hashable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 import dask.array as da
 import numpy as np
@@ -45,6 +45,18 @@ from xpatch.core.overlap_add import (
 from xpatch.core.samplers import AtLabels, RegularGrid, Sampler, anchor_array
 from xpatch.core.validity import window_sums
 from xpatch.core.windows import WindowSpec, make_window
+from xpatch.geo import (
+    AtPoints,
+    InBounds,
+    fits_dtype,
+    grid_mapping_name,
+    nodata_of,
+    patch_bounds,
+    patch_transforms,
+    to_gdal,
+    valid_cells,
+    with_transform,
+)
 
 if TYPE_CHECKING:
     from xpatch.grain import PatchSource
@@ -56,8 +68,8 @@ PATCH_DIM = "patch"
 #: Attributes that say how to read an array's stored values (CF packing, fill
 #: values); ``apply`` does not pass them on to a function's output.
 VALUE_ENCODING_ATTRS = frozenset(
-    {"_FillValue", "missing_value", "scale_factor", "add_offset", "_Unsigned", "valid_range",
-     "valid_min", "valid_max", "nodata"}
+    {"_FillValue", "missing_value", "fill_value", "scale_factor", "add_offset", "_Unsigned",
+     "valid_range", "valid_min", "valid_max", "nodata"}
 )  # fmt: skip
 
 
@@ -68,6 +80,16 @@ def is_dask_backed(var: xr.Variable) -> bool:
     ``chunks`` is None for it and does not read.
     """
     return var.chunks is not None and isinstance(var.data, da.Array)
+
+
+def _fill_nodata(variable: xr.Variable, attrs: Mapping) -> xr.Variable:
+    """Cells no valid prediction reached (NaN) take the nodata value of ``attrs``, if any."""
+    nodata = nodata_of(xr.Variable((), 0, dict(attrs)))
+    if nodata is None or not fits_dtype(nodata, variable.dtype):
+        return variable
+    if isinstance(nodata, float) and np.isnan(nodata):
+        return variable
+    return variable.fillna(nodata)
 
 
 def _size_mapping(size: Mapping[Hashable, int] | None, size_kwargs: Mapping[str, int]) -> dict:
@@ -235,10 +257,12 @@ class Patcher(Generic[T]):
         sampler = RegularGrid() if sampler is None else sampler
         if isinstance(sampler, AtLabels):
             sampler = sampler.resolve(self._locator(obj))
+        elif isinstance(sampler, AtPoints | InBounds):
+            sampler = sampler.resolve(obj, geometry)
         if not isinstance(sampler, Sampler):
             raise OptionError(
                 f"sampler={sampler!r} has no anchors(geometry) method; use xpatch.RegularGrid(), "
-                "JitteredGrid, RandomAnchors, Anchors or AtLabels."
+                "JitteredGrid, RandomAnchors, Anchors, AtLabels, AtPoints or InBounds."
             )
         if min_valid is not None and not (
             isinstance(min_valid, int | float) and 0.0 <= min_valid <= 1.0
@@ -382,11 +406,11 @@ class Patcher(Generic[T]):
         per_cell = 0
         for var in _patched_variables(self._obj, self.dims).values():
             carried = [d for d in var.dims if d not in self.dims]
-            valid = xr.DataArray(var).notnull()
+            valid = valid_cells(var)
             counts = counts + valid.sum(carried).transpose(*self.dims).data
             per_cell += int(np.prod([var.sizes[d] for d in carried], dtype=np.int64))
-        valid_cells = window_sums(counts, anchors, self._geometry.size)
-        fraction = valid_cells / (per_cell * np.prod(self._geometry.size, dtype=np.float64))
+        valid_in_patch = window_sums(counts, anchors, self._geometry.size)
+        fraction = valid_in_patch / (per_cell * np.prod(self._geometry.size, dtype=np.float64))
         return (fraction > 0) & (fraction >= self._min_valid)
 
     def __len__(self) -> int:
@@ -413,6 +437,63 @@ class Patcher(Generic[T]):
             dims=(PATCH_DIM, "dim"),
             coords={"dim": list(self.dims)},
             name="anchors",
+        )
+
+    def bounds(self) -> xr.DataArray:
+        """Extent of every patch in map units: ``(left, bottom, right, top)``.
+
+        From the array's transform (its grid mapping's ``GeoTransform``, or its
+        regularly spaced y and x coordinates), so for a rioxarray raster row ``i``
+        equals ``p[i].rio.bounds()``. Padded patches extend past the array.
+
+        Returns
+        -------
+        xarray.DataArray
+            float64, dims ``("patch", "bound")`` with ``bound`` labelled
+            ``left, bottom, right, top``.
+
+        Examples
+        --------
+        >>> import numpy as np, xarray as xr, xpatch
+        >>> da = xr.DataArray(np.zeros((4, 6)), dims=("y", "x"),
+        ...                   coords={"y": [35.0, 25.0, 15.0, 5.0], "x": 5.0 + 10 * np.arange(6)})
+        >>> da.patch(y=2, x=3).bounds().values[:2].tolist()
+        [[0.0, 20.0, 30.0, 40.0], [30.0, 20.0, 60.0, 40.0]]
+        """
+        values = patch_bounds(self._obj, self.dims, self.size, self._anchor_array())
+        return xr.DataArray(
+            values,
+            dims=(PATCH_DIM, "bound"),
+            coords={"bound": ["left", "bottom", "right", "top"]},
+            name="bounds",
+        )
+
+    def transforms(self) -> xr.DataArray:
+        """Affine transform of every patch, in rasterio's ``Affine(a, b, c, d, e, f)`` order.
+
+        The parent's transform translated by the patch's anchor, as rioxarray's
+        ``isel_window`` computes it: ``rasterio.Affine(*p.transforms()[i].values)``
+        is ``p[i].rio.transform()``.
+
+        Examples
+        --------
+        >>> import numpy as np, xarray as xr, xpatch
+        >>> da = xr.DataArray(np.zeros((4, 6)), dims=("y", "x"),
+        ...                   coords={"y": [35.0, 25.0, 15.0, 5.0], "x": 5.0 + 10 * np.arange(6)})
+        >>> da.patch(y=2, x=3).transforms().values[3].tolist()
+        [10.0, 0.0, 30.0, 0.0, -10.0, 20.0]
+        """
+        values = patch_transforms(self._obj, self.dims, self._anchor_array())
+        if values is None:
+            raise GeometryError(
+                "transforms need a raster: y and x dims with regularly spaced numeric "
+                "coordinates, or a grid mapping with a GeoTransform (da.rio.write_transform())."
+            )
+        return xr.DataArray(
+            values,
+            dims=(PATCH_DIM, "affine"),
+            coords={"affine": list("abcdef")},
+            name="transforms",
         )
 
     def weights(self) -> xr.DataArray:
@@ -472,16 +553,24 @@ class Patcher(Generic[T]):
                     if stacked
                     else xr.Variable(coord.dims, data[0], coord.attrs)
                 )
+        transforms = patch_transforms(obj, self.dims, anchors)
         if stacked:
             for j, d in enumerate(self.dims):
                 coords[f"{d}_anchor"] = (PATCH_DIM, anchors[:, j].copy())
+            if transforms is not None and grid_mapping_name(obj) is not None:
+                coords["geotransform"] = (PATCH_DIM, [to_gdal(t) for t in transforms])
         if isinstance(obj, xr.DataArray):
             (data,) = variables.values()
-            return xr.DataArray(data, coords=coords, name=obj.name, attrs=obj.attrs)
-        for name, var in obj.data_vars.items():
-            variables.setdefault(name, var.variable)
-        ordered = {name: variables[name] for name in obj.data_vars}
-        return xr.Dataset(ordered, coords=coords, attrs=obj.attrs)
+            result = xr.DataArray(data, coords=coords, name=obj.name, attrs=obj.attrs)
+        else:
+            for name, var in obj.data_vars.items():
+                variables.setdefault(name, var.variable)
+            ordered = {name: variables[name] for name in obj.data_vars}
+            result = xr.Dataset(ordered, coords=coords, attrs=obj.attrs)
+        if not stacked and transforms is not None:
+            # One patch: its grid mapping says where it is, as rioxarray's isel_window does.
+            result = with_transform(result, tuple(transforms[0].tolist()))
+        return result
 
     def __getitem__(self, index: int) -> T:
         """Patch ``index`` (negative counts from the end), with its own coordinates."""
@@ -612,6 +701,9 @@ class Patcher(Generic[T]):
         self, pred: xr.DataArray, template: xr.Variable | None, reduce: Reduction
     ) -> xr.Variable:
         lead = [d for d in pred.dims if d != PATCH_DIM and d not in self.dims]
+        if nodata_of(pred) is not None:
+            # Nodata cells are missing, as NaN is: they must not enter the average.
+            pred = pred.where(valid_cells(pred.variable))
         data = pred.transpose(PATCH_DIM, *lead, *self.dims).data
         anchors = self._anchor_array()
         if isinstance(data, da.Array):
@@ -631,7 +723,12 @@ class Patcher(Generic[T]):
         """Coordinates of the result: the prediction's (off the patch axes), then the input's."""
         dims = set(self.dims)
         coords: dict[Hashable, xr.Variable] = {}
+        # The input's grid mapping describes the output grid; a prediction's may be
+        # one patch's (with that patch's transform).
+        grid_mapping = grid_mapping_name(self._obj)
         for name, coord in pred.coords.items():
+            if name == grid_mapping or name == "geotransform":
+                continue
             if PATCH_DIM not in coord.dims and not dims & set(coord.dims):
                 coords[name] = coord.variable
         for name, coord in self._obj.coords.items():
@@ -686,6 +783,7 @@ class Patcher(Generic[T]):
             variable = self._reconstruct_variable(pred, template, reduce)
             coords = self._output_coords(pred, dict(zip(variable.dims, variable.shape)))
             attrs = obj.attrs if isinstance(obj, xr.DataArray) else dict(pred.attrs)
+            variable = _fill_nodata(variable, attrs)
             return xr.DataArray(variable, coords=coords, name=pred.name, attrs=attrs)
         if isinstance(pred, xr.Dataset):
             if not isinstance(obj, xr.Dataset):
@@ -710,8 +808,9 @@ class Patcher(Generic[T]):
                     continue
                 template = obj[name].variable if name in obj.data_vars else None
                 result = self._reconstruct_variable(var, template, reduce)
-                result.attrs = dict(obj[name].attrs if name in obj.data_vars else var.attrs)
-                variables[name] = result
+                attrs = dict(obj[name].attrs if name in obj.data_vars else var.attrs)
+                variables[name] = _fill_nodata(result, attrs)
+                variables[name].attrs = attrs
             sizes = {d: n for v in variables.values() for d, n in zip(v.dims, v.shape)}
             coords = self._output_coords(pred, sizes)
             return xr.Dataset(variables, coords=coords, attrs=obj.attrs)
@@ -730,6 +829,7 @@ class Patcher(Generic[T]):
         output_dims: Mapping[Hashable, int] | None = None,
         dtype: DTypeLike | None = None,
         reduce: Reduction = "mean",
+        nodata: float | Literal["input"] | None = "input",
     ) -> xr.DataArray:
         """Run ``fn`` over every patch in batches and blend the results onto the grid.
 
@@ -757,16 +857,23 @@ class Patcher(Generic[T]):
             to it within their kind; an output of another kind raises.
         reduce
             How overlapping results combine, as in :meth:`reconstruct`.
+        nodata
+            The output's nodata value (``_FillValue``): ``"input"`` (default) the
+            input's, a number, or None for none (NaN cells stay NaN). Cells where
+            the input has no data in any band (its nodata value or NaN), and cells
+            no valid prediction reached, take it. A prediction equal to it would be
+            read as missing: choose one the model cannot output (``np.nan`` is
+            always safe for the float output).
 
         Returns
         -------
         xarray.DataArray
             ``(*output_dims, *patched dims)`` on the input's grid (in the input's
-            dim order when the output keeps its dims), with its coordinates and
-            attributes, less those that describe how stored values are read
-            (``_FillValue``, ``scale_factor``, ``nodata``, ...: see
-            :data:`VALUE_ENCODING_ATTRS`). Lazy for dask input, computed for numpy
-            input.
+            dim order when the output keeps its dims), with its coordinates (CRS
+            and transform included) and attributes, less those that say how
+            stored values are read (``scale_factor``, ``add_offset``, ...: see
+            :data:`VALUE_ENCODING_ATTRS`), and with ``nodata`` as ``_FillValue``.
+            Lazy for dask input, computed for numpy input.
 
         Examples
         --------
@@ -813,6 +920,17 @@ class Patcher(Generic[T]):
             raise OptionError(
                 f"dtype={dtype!r} is not a numpy dtype; pass e.g. 'float32' or np.float32."
             ) from None
+        if isinstance(nodata, str):
+            if nodata != "input":
+                raise OptionError(
+                    f"nodata={nodata!r} must be 'input' (the input's nodata value), a number, "
+                    "or None."
+                )
+            nodata = nodata_of(obj)
+        elif nodata is not None and not isinstance(nodata, int | float | np.number):
+            raise OptionError(
+                f"nodata={nodata!r} must be 'input' (the input's nodata value), a number, or None."
+            )
         data = obj.transpose(*carried, *self.dims).data
         lead_shape = [int(n) for n in output_dims.values()]
         common = dict(
@@ -836,10 +954,20 @@ class Patcher(Generic[T]):
         if set(result.dims) == set(obj.dims):
             result = result.transpose(*obj.dims)
         coords = self._output_coords(xr.Dataset(), dict(zip(result.dims, result.shape)))
-        # fn's output is a new quantity: the input's packing and fill attributes
-        # (scale_factor, _FillValue, ...) would misread it.
+        # fn's output is a new quantity: the input's packing attributes (scale_factor,
+        # add_offset, ...) would misread it. Its nodata carries over, as a float.
         attrs = {k: v for k, v in obj.attrs.items() if k not in VALUE_ENCODING_ATTRS}
-        return xr.DataArray(result, coords=coords, name=obj.name, attrs=attrs)
+        out = xr.DataArray(result, coords=coords, name=obj.name, attrs=attrs)
+        if nodata_of(obj) is not None:
+            # Cells with no data in any input band give no prediction.
+            has_data = valid_cells(obj.variable).any(carried)
+            out = out.where(has_data.variable)
+        if nodata is None:
+            return out
+        if not fits_dtype(nodata, out.dtype):
+            return out  # the input's nodata cannot be stored in the output: NaN it is
+        out.attrs["_FillValue"] = nodata
+        return out.copy(data=_fill_nodata(out.variable, out.attrs).data)
 
     # -- training pipelines -----------------------------------------------------------
 
@@ -848,13 +976,15 @@ class Patcher(Generic[T]):
         *,
         variables: Sequence[Hashable] | None = None,
         cache_bytes: int = DEFAULT_CACHE_BYTES,
+        transform: bool = False,
     ) -> PatchSource:
         """Serve the patches as a Grain ``RandomAccessDataSource`` (or PyTorch dataset).
 
         Item ``i`` is a dict of numpy arrays: ``"data"`` (or one entry per Dataset
-        variable), ``"weights"``, ``"anchor"`` and ``"index"``. Dask input is read
-        chunk by chunk through a cache of ``cache_bytes`` per process; building the
-        source computes nothing. See :class:`xpatch.grain.PatchSource`.
+        variable), ``"weights"``, ``"anchor"`` and ``"index"`` (and the patch's
+        ``"transform"`` with ``transform=True``). Dask input is read chunk by chunk
+        through a cache of ``cache_bytes`` per process; building the source computes
+        nothing. See :class:`xpatch.grain.PatchSource`.
 
         Examples
         --------
@@ -866,7 +996,7 @@ class Patcher(Generic[T]):
         """
         from xpatch.grain import PatchSource
 
-        return PatchSource(self, variables=variables, cache_bytes=cache_bytes)
+        return PatchSource(self, variables=variables, cache_bytes=cache_bytes, transform=transform)
 
     @staticmethod
     def _locator(obj: xr.DataArray | xr.Dataset):
