@@ -128,6 +128,18 @@ def test_bounds_of_a_plain_array_come_from_its_coordinates():
     assert bounds.sel(bound="top").values.tolist() == [4.0, 4.0, 2.0, 2.0]
 
 
+def test_irregular_or_label_coordinates_still_patch_and_reconstruct():
+    lat = np.array([0.0, 1.0, 3.0, 7.0, 8.0, 9.5])
+    da = xr.DataArray(
+        np.arange(36.0).reshape(6, 6), dims=("y", "x"), coords={"y": lat, "x": list("abcdef")}
+    )
+    geo = da.assign_coords(spatial_ref=((), 0, {"crs_wkt": "..."}))
+    for obj in (da, geo):
+        p = obj.patch(y=3, x=3, stride=2)
+        assert p[1].x.values.tolist() == ["c", "d", "e"]
+        np.testing.assert_array_equal(p.reconstruct(p.patches()), obj)
+
+
 def test_bounds_and_transforms_need_a_raster():
     flat = xr.DataArray(np.zeros((4, 6)), dims=("a", "b"))
     with pytest.raises(xpatch.DimensionError, match="bounds need the raster's y and x dims"):

@@ -553,11 +553,16 @@ class Patcher(Generic[T]):
                     if stacked
                     else xr.Variable(coord.dims, data[0], coord.attrs)
                 )
-        transforms = patch_transforms(obj, self.dims, anchors)
+        transforms = None
+        if grid_mapping_name(obj) is not None:
+            try:
+                transforms = patch_transforms(obj, self.dims, anchors)
+            except GeometryError:  # irregular labels: no single transform to carry
+                transforms = None
         if stacked:
             for j, d in enumerate(self.dims):
                 coords[f"{d}_anchor"] = (PATCH_DIM, anchors[:, j].copy())
-            if transforms is not None and grid_mapping_name(obj) is not None:
+            if transforms is not None:
                 coords["geotransform"] = (PATCH_DIM, [to_gdal(t) for t in transforms])
         if isinstance(obj, xr.DataArray):
             (data,) = variables.values()
