@@ -68,6 +68,14 @@ def test_every_patch_has_the_transform_bounds_and_crs_rioxarray_gives_its_window
             assert da.rio.isel_window(window).rio.transform() == expected
 
 
+def test_rasters_with_other_dim_names_are_found_through_rioxarray():
+    da = (
+        raster(coords=False).rename(y="row", x="col").rio.set_spatial_dims(x_dim="col", y_dim="row")
+    )
+    p = da.patch(row=8, col=8, stride=6)
+    assert p[3].rio.transform() == ORIGIN * Affine.translation(*np.asarray(p.anchors())[3][::-1])
+
+
 def test_the_callers_grid_mapping_is_not_touched():
     da = raster()
     before = dict(da.spatial_ref.attrs)
@@ -76,7 +84,7 @@ def test_the_callers_grid_mapping_is_not_touched():
 
 
 def test_dataset_patches_carry_their_transform_too():
-    da = raster()
+    da = raster(coords=False)  # rioxarray reads the transform from GeoTransform
     ds = xr.Dataset({"image": da, "mask": da.isel(band=0) > 0})
     p = ds.patch(y=8, x=8, stride=6)
     start = dict(zip(p.dims, np.asarray(p.anchors())[4].tolist()))  # a Dataset's dims: x, y
@@ -96,9 +104,46 @@ def test_reconstruct_and_apply_keep_crs_transform_nodata_and_attrs():
         assert out.rio.nodata == -9999.0
         assert out.attrs["units"] == "dn"
     np.testing.assert_allclose(back, da, rtol=1e-6)
-    # Predictions assembled from single patches (each with its own transform) too.
-    singles = xr.concat([p[i].drop_vars(["y", "x"]) for i in range(len(p))], dim="patch")
-    assert p.reconstruct(singles).rio.transform() == ORIGIN
+
+
+def test_predictions_made_of_single_patches_reconstruct_on_the_inputs_transform():
+    da = raster(coords=False)  # the transform lives in GeoTransform only
+    p = da.patch(y=16, x=16, stride=12)
+    order = list(reversed(range(len(p))))  # the first single patch is not at the origin
+    singles = xr.concat([p[i] for i in order], dim="patch").assign_coords(
+        y_anchor=("patch", np.asarray(p.anchors())[order, 0]),
+        x_anchor=("patch", np.asarray(p.anchors())[order, 1]),
+    )
+    assert singles.rio.transform() != ORIGIN  # concat kept the last patch's grid mapping
+    out = p.reconstruct(singles)
+    assert out.rio.transform() == ORIGIN
+    np.testing.assert_allclose(out, da, rtol=1e-6)
+
+
+def test_a_clipped_raster_has_the_transform_of_its_coordinates_not_its_parents():
+    sub = raster().isel(y=slice(8, None), x=slice(4, None))  # GeoTransform is the parent's
+    p = sub.patch(y=8, x=8)
+    assert p[0].rio.transform() == ORIGIN * Affine.translation(4, 8)
+    assert Affine(*p.transforms().values[0]) == ORIGIN * Affine.translation(4, 8)
+    np.testing.assert_allclose(p.bounds().values[0], p[0].rio.bounds())
+    centre = ORIGIN * (10 + 0.5, 10 + 0.5)  # cell (10, 10) of the parent = (2, 6) of sub
+    at = sub.patch(y=4, x=4, sampler=xpatch.AtPoints([centre]))
+    assert at.anchors().values.tolist() == [[0, 4]]
+
+
+def test_a_masked_raster_keeps_its_encoded_nodata_through_apply_and_write(tmp_path):
+    da = nodata_raster()
+    da.rio.to_raster(tmp_path / "in.tif")
+    masked = rioxarray.open_rasterio(tmp_path / "in.tif", masked=True, chunks={"y": 16, "x": 16})
+    assert masked.rio.encoded_nodata == -9999.0
+    p = masked.patch(y=10, x=10, stride=5, window="hann")
+    back = p.reconstruct(p.patches())
+    doubled = p.apply(lambda b: np.nan_to_num(b) * 2)  # the model fills NaN: masked anyway
+    for out in (back, doubled):
+        assert out.rio.encoded_nodata == -9999.0
+    assert np.isnan(doubled.values[:, :20, :20]).all()
+    xpatch.write(doubled, tmp_path / "out.tif", progress=False)
+    assert rioxarray.open_rasterio(tmp_path / "out.tif").rio.nodata == -9999.0
 
 
 def test_a_geotiff_written_from_apply_reopens_with_the_same_georeferencing(tmp_path):
@@ -174,9 +219,26 @@ def test_patches_centred_on_points_contain_them_and_points_reproject():
     assert q.anchors().values.tolist() == p.anchors().values.tolist()
 
 
+def test_points_on_cell_edges_go_to_the_next_cell_as_rasterio_puts_them():
+    from rasterio.transform import rowcol
+
+    grid = xr.DataArray(
+        np.zeros((10, 10)),
+        dims=("y", "x"),
+        coords={"y": 0.95 - 0.1 * np.arange(10), "x": 0.05 + 0.1 * np.arange(10)},
+    )
+    for x, y in [(0.3, 0.55), (0.7, 0.2), (0.1, 0.9)]:
+        p = grid.patch(y=1, x=1, sampler=xpatch.AtPoints([(x, y)]))
+        assert tuple(p.anchors().values[0]) == rowcol(from_origin(0, 1, 0.1, 0.1), x, y)
+
+
 def test_points_outside_the_raster_or_badly_given_are_refused():
     da = raster()
-    with pytest.raises(xpatch.GeometryError, match=r"point\(s\) \[1\] \(first few\) fall outside"):
+    with pytest.raises(xpatch.GeometryError, match="are not finite"):
+        da.patch(y=8, x=8, sampler=xpatch.AtPoints([[np.nan, np.nan]]))
+    with pytest.raises(
+        xpatch.GeometryError, match=r"point\(s\) \[1\] at \[\(0.0, 0.0\)\] \(first few"
+    ):
         da.patch(y=8, x=8, sampler=xpatch.AtPoints([[500100.0, 3999900.0], [0.0, 0.0]]))
     with pytest.raises(xpatch.OptionError, match="give an \\(n, 2\\) array"):
         da.patch(y=8, x=8, sampler=xpatch.AtPoints([1.0, 2.0, 3.0]))
@@ -200,8 +262,14 @@ def test_patches_in_a_bounding_box_tile_the_box():
     pyproj = pytest.importorskip("pyproj")
     to_lonlat = pyproj.Transformer.from_crs(CRS, "EPSG:4326", always_xy=True)
     lon, lat = to_lonlat.transform([box[0], box[2]], [box[1], box[3]])
-    q = da.patch(y=10, x=10, sampler=xpatch.InBounds((lon[0], lat[0], lon[1], lat[1]), "EPSG:4326"))
-    assert 9 <= len(q) <= 16  # the box's envelope in the raster's CRS, slightly larger
+    degrees = (lon[0], lat[0], lon[1], lat[1])
+    q = da.patch(y=10, x=10, sampler=xpatch.InBounds(degrees, "EPSG:4326"))
+    # It covers the box's envelope in the raster's CRS, curved edges included.
+    back = pyproj.Transformer.from_crs("EPSG:4326", CRS, always_xy=True)
+    envelope = back.transform_bounds(*degrees, densify_pts=21)
+    covered = q.bounds().values
+    assert covered[:, 0].min() <= envelope[0] + 5 and covered[:, 2].max() >= envelope[2] - 5
+    assert covered[:, 1].min() <= envelope[1] + 5 and covered[:, 3].max() >= envelope[3] - 5
     with pytest.raises(xpatch.GeometryError, match="fewer than the patch size"):
         da.patch(y=40, x=40, sampler=xpatch.InBounds(box))
     with pytest.raises(xpatch.OptionError, match="left < right"):
@@ -237,9 +305,14 @@ def test_nodata_never_enters_an_average_and_comes_back_as_nodata(chunked):
     doubled = p.apply(lambda b: b * 2).values
     valid = da.values != -9999.0
     np.testing.assert_allclose(doubled[valid], 2 * da.values[valid], rtol=1e-6)
-    # The cell with data in one band only still has a prediction; no-data cells do not.
+    # Band by band: the cell with data in one band keeps that band's prediction only.
     assert (doubled[:, :20, :20] == -9999.0).all()
+    assert doubled[0, 30, 30] == -9999.0
     assert doubled[1, 30, 30] == pytest.approx(2 * da.values[1, 30, 30], rel=1e-6)
+    # An output with other dims: no prediction only where no band has data.
+    total = p.apply(lambda b: b.sum(axis=1, keepdims=True), output_dims={"score": 1})
+    assert (total.values[0, :20, :20] == -9999.0).all()
+    assert total.values[0, 30, 30] != -9999.0
 
 
 NO_GEO = """
@@ -248,13 +321,14 @@ for name in ("rioxarray", "pyproj", "rasterio"):
     sys.modules[name] = None  # as if not installed
 import numpy as np, xarray as xr, xpatch
 da = xr.DataArray(np.ones((2, 12, 12)), dims=("band", "y", "x"),
-                  coords={"y": np.arange(12.0)[::-1], "x": np.arange(12.0)})
+                  coords={"y": 11.5 - np.arange(12.0), "x": 0.5 + np.arange(12.0)})
 p = da.patch(y=4, x=4, stride=2, window="hann")
 assert np.allclose(p.reconstruct(p.patches()), da)
 assert p.bounds().shape == (25, 4)
-assert p.patch_at([0, 0]).x.values.tolist() == [0.0, 1.0, 2.0, 3.0]
+assert p.patch_at([0, 0]).x.values.tolist() == [0.5, 1.5, 2.5, 3.5]
 geo = da.assign_coords(spatial_ref=((), 0, {"crs_wkt": "...", "GeoTransform": "0 1 0 12 0 -1"}))
-assert geo.patch(y=4, x=4)[1].spatial_ref.attrs["GeoTransform"].split()[0] == "4.0"
+for obj in (geo, geo.drop_vars(["x", "y"])):  # from the labels, or GeoTransform alone
+    assert obj.patch(y=4, x=4)[1].spatial_ref.attrs["GeoTransform"].split()[0] == "4.0"
 small = geo.isel(band=0)
 try:
     small.patch(y=2, x=2, sampler=xpatch.AtPoints([[1.0, 1.0]], crs="EPSG:4326"))

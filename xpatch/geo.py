@@ -69,6 +69,13 @@ def raster_dims(obj: xr.DataArray | xr.Dataset) -> tuple[Hashable, Hashable] | N
     """Return the ``(y, x)`` dims of a raster (rows, columns), or None if it has none."""
     y = next((d for d in obj.dims if str(d).lower() in Y_NAMES), None)
     x = next((d for d in obj.dims if str(d).lower() in X_NAMES), None)
+    if (y is None or x is None) and grid_mapping_name(obj) is not None:
+        # Other names (rows/cols, ...): rioxarray knows them if it is installed.
+        try:
+            importlib.import_module("rioxarray")
+            y, x = obj.rio.y_dim, obj.rio.x_dim
+        except Exception:  # not installed, or rioxarray cannot tell either
+            return None
     return (y, x) if y is not None and x is not None else None
 
 
@@ -102,10 +109,12 @@ def _regular_step(values: np.ndarray, dim: Hashable) -> tuple[float, float]:
 
 
 def transform_of(obj: xr.DataArray | xr.Dataset) -> Transform | None:
-    """Return the affine transform of a raster, from its ``GeoTransform`` or its x/y labels.
+    """Return the affine transform of a raster, from its x/y labels or its ``GeoTransform``.
 
-    None when the object has neither a grid mapping with a transform nor
-    numeric x/y coordinates.
+    As rioxarray does: numeric x/y coordinates give the origin and the cell size
+    (they follow slicing, while a ``GeoTransform`` attribute keeps the parent's
+    values after ``isel``), a ``GeoTransform`` gives the rest and is used alone
+    for rotated grids or without coordinates. None when there is neither.
 
     Examples
     --------
@@ -115,17 +124,28 @@ def transform_of(obj: xr.DataArray | xr.Dataset) -> Transform | None:
     (10.0, 0.0, 100.0, 0.0, -10.0, 20.0)
     """
     name = grid_mapping_name(obj)
+    stored = None
     if name is not None and "GeoTransform" in obj.coords[name].attrs:
-        return _from_gdal(obj.coords[name].attrs["GeoTransform"])
+        stored = _from_gdal(obj.coords[name].attrs["GeoTransform"])
     dims = raster_dims(obj)
-    if dims is None or not all(d in obj.coords for d in dims):
-        return None
+    labelled = (
+        dims is not None
+        and all(d in obj.coords for d in dims)
+        and all(np.issubdtype(obj[d].dtype, np.number) for d in dims)
+    )
+    rotated = stored is not None and (stored[1] != 0 or stored[3] != 0)
+    if not labelled or rotated:
+        return stored
     y_dim, x_dim = dims
-    if not all(np.issubdtype(obj[d].dtype, np.number) for d in dims):
-        return None
-    x0, dx = _regular_step(obj[x_dim].values, x_dim)
-    y0, dy = _regular_step(obj[y_dim].values, y_dim)
+    x0, dx = _first_and_step(obj[x_dim].values, x_dim, None if stored is None else stored[0])
+    y0, dy = _first_and_step(obj[y_dim].values, y_dim, None if stored is None else stored[4])
     return (dx, 0.0, x0 - dx / 2, 0.0, dy, y0 - dy / 2)
+
+
+def _first_and_step(values: np.ndarray, dim: Hashable, stored_step: float | None):
+    if len(values) == 1 and stored_step is not None:
+        return float(values[0]), float(stored_step)
+    return _regular_step(values, dim)
 
 
 def translated(t: Transform, col: float, row: float) -> Transform:
@@ -173,6 +193,20 @@ def with_transform(obj: Any, transform: Transform) -> Any:
     return obj.assign_coords({name: coord})
 
 
+def patch_extent(obj: xr.DataArray | xr.Dataset) -> tuple[float, ...] | None:
+    """``(left, bottom, right, top)`` of the whole array, for messages; None if unknown."""
+    dims = raster_dims(obj)
+    try:
+        t = transform_of(obj)
+    except GeometryError:
+        return None
+    if t is None or dims is None:
+        return None
+    whole = np.zeros((1, 2), dtype=np.int64)
+    size = {dims[0]: obj.sizes[dims[0]], dims[1]: obj.sizes[dims[1]]}
+    return tuple(round(float(v), 6) for v in patch_bounds(obj, dims, size, whole)[0])
+
+
 def is_georeferenced(obj: xr.DataArray | xr.Dataset) -> bool:
     """Whether ``obj`` has a grid mapping coordinate (a CRS or a transform)."""
     return grid_mapping_name(obj) is not None
@@ -216,6 +250,16 @@ def nodata_of(obj: xr.DataArray | xr.Variable) -> Any:
             value = np.asarray(obj.attrs[key])
             return value.item() if value.ndim == 0 else value.ravel()[0].item()
     return None
+
+
+def encoded_nodata_of(obj: xr.DataArray | xr.Variable) -> Any:
+    """Return the nodata value a masked raster keeps in its encoding, or None.
+
+    ``rioxarray.open_rasterio(..., masked=True)`` turns nodata cells into NaN and
+    moves the value to ``encoding["_FillValue"]``, where writers find it.
+    """
+    value = obj.encoding.get("_FillValue")
+    return None if value is None else np.asarray(value).item()
 
 
 def valid_cells(var: xr.Variable | xr.DataArray) -> Any:
@@ -293,8 +337,8 @@ def _split_points(points: Any, label: str) -> tuple[np.ndarray, np.ndarray]:
     if isinstance(points, Mapping):
         if set(points) != {"x", "y"}:
             raise OptionError(
-                f"{label} points={points!r} must be {{'x': [...], 'y': [...]}} or an (n, 2) "
-                "array of (x, y)."
+                f"{label} points with keys {sorted(points)!r} must be {{'x': [...], 'y': [...]}} "
+                "(x: easting or longitude, y: northing or latitude) or an (n, 2) array of (x, y)."
             )
         x, y = np.asarray(points["x"], float).ravel(), np.asarray(points["y"], float).ravel()
     else:
@@ -347,12 +391,24 @@ class AtPoints:
         y_dim, x_dim = raster_dims(obj)
         shape = dict(zip(geometry.dims, geometry.shape))
         size = dict(zip(geometry.dims, geometry.size))
-        outside = (row < 0) | (row >= obj.sizes[y_dim]) | (col < 0) | (col >= obj.sizes[x_dim])
-        if outside.any():
-            bad = np.flatnonzero(outside)[:5].tolist()
+        # A point on a cell edge belongs to the next cell, as rasterio's rowcol has it;
+        # rounding first keeps float error from moving it back.
+        row, col = np.round(row, 9), np.round(col, 9)
+        inside = (
+            np.isfinite(row)
+            & np.isfinite(col)
+            & (row >= 0)
+            & (row < obj.sizes[y_dim])
+            & (col >= 0)
+            & (col < obj.sizes[x_dim])
+        )
+        if not inside.all():
+            bad = np.flatnonzero(~inside)[:5]
+            given = [(float(x[i]), float(y[i])) for i in bad]
             raise GeometryError(
-                f"AtPoints: point(s) {bad} (first few) fall outside the array's extent; drop "
-                "them first, e.g. with p.bounds() or the raster's rio.bounds()."
+                f"AtPoints: point(s) {bad.tolist()} at {given} (first few, in the raster's CRS) "
+                f"fall outside the array's extent {patch_extent(obj)} or are not finite; drop "
+                "them first."
             )
         anchors = np.zeros((len(x), geometry.ndim), dtype=np.int64)
         for j, d in enumerate(geometry.dims):
@@ -403,8 +459,19 @@ class InBounds:
             raise OptionError(
                 f"InBounds bounds={self.bounds!r} must have left < right and bottom < top."
             )
-        xs = np.array([left, right, left, right])
-        ys = np.array([bottom, bottom, top, top])
+        # Points along the edges, not just the corners: a box reprojected from another
+        # CRS has curved edges, and its envelope must hold them.
+        t = np.linspace(0.0, 1.0, 21)
+        xs = np.concatenate(
+            [
+                left + (right - left) * t,
+                np.full(21, right),
+                left + (right - left) * t,
+                np.full(21, left),
+            ]
+        )
+        ys = np.concatenate([np.full(21, bottom), bottom + (top - bottom) * t,
+                             np.full(21, top), bottom + (top - bottom) * t])  # fmt: skip
         xs, ys = _to_raster_crs(obj, xs, ys, self.crs, "InBounds")
         rows, cols = _cells(obj, xs, ys, "InBounds")
         y_dim, x_dim = raster_dims(obj)
@@ -419,7 +486,8 @@ class InBounds:
             lo, hi = max(lo, 0), min(hi, n)
             if hi - lo <= 0:
                 raise GeometryError(
-                    f"InBounds bounds={self.bounds!r} covers no cell of the array along {d!r}."
+                    f"InBounds bounds={self.bounds!r} covers no cell of the array along {d!r}; "
+                    f"the array's extent is {patch_extent(obj)} (left, bottom, right, top)."
                 )
             starts.append(lo)
             extents[d] = hi - lo

@@ -538,7 +538,9 @@ def _write_geotiff(
     data = result.data if isinstance(result.data, da.Array) else da.from_array(result.data)
     data = data.rechunk({0: -1} if band_dims else {})
     if nodata is None:
-        nodata = result.attrs.get("_FillValue", result.rio.nodata)
+        nodata = result.attrs.get("_FillValue", result.encoding.get("_FillValue"))
+    if nodata is None:
+        nodata = result.rio.nodata
     if nodata is None and np.issubdtype(result.dtype, np.floating):
         nodata = np.nan
     plan = _plan(result.to_dataset(name="band_data"))

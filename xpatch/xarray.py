@@ -48,6 +48,7 @@ from xpatch.core.windows import WindowSpec, make_window
 from xpatch.geo import (
     AtPoints,
     InBounds,
+    encoded_nodata_of,
     fits_dtype,
     grid_mapping_name,
     nodata_of,
@@ -90,6 +91,13 @@ def _fill_nodata(variable: xr.Variable, attrs: Mapping) -> xr.Variable:
     if isinstance(nodata, float) and np.isnan(nodata):
         return variable
     return variable.fillna(nodata)
+
+
+def _carry_encoded_nodata(source: xr.Variable | None, target: xr.Variable | xr.DataArray) -> None:
+    """Give ``target`` the masked input's ``encoding["_FillValue"]``, which writers use."""
+    value = None if source is None else encoded_nodata_of(source)
+    if value is not None and fits_dtype(value, target.dtype):
+        target.encoding["_FillValue"] = value
 
 
 def _size_mapping(size: Mapping[Hashable, int] | None, size_kwargs: Mapping[str, int]) -> dict:
@@ -442,9 +450,11 @@ class Patcher(Generic[T]):
     def bounds(self) -> xr.DataArray:
         """Extent of every patch in map units: ``(left, bottom, right, top)``.
 
-        From the array's transform (its grid mapping's ``GeoTransform``, or its
-        regularly spaced y and x coordinates), so for a rioxarray raster row ``i``
-        equals ``p[i].rio.bounds()``. Padded patches extend past the array.
+        From the array's transform (its regularly spaced y and x coordinates, or
+        its grid mapping's ``GeoTransform``), so for a rioxarray raster on a
+        north-up (rectilinear) grid row ``i`` equals ``p[i].rio.bounds()``; for a
+        rotated grid it is the envelope of the rotated patch. Padded patches
+        extend past the array.
 
         Returns
         -------
@@ -789,7 +799,9 @@ class Patcher(Generic[T]):
             coords = self._output_coords(pred, dict(zip(variable.dims, variable.shape)))
             attrs = obj.attrs if isinstance(obj, xr.DataArray) else dict(pred.attrs)
             variable = _fill_nodata(variable, attrs)
-            return xr.DataArray(variable, coords=coords, name=pred.name, attrs=attrs)
+            out = xr.DataArray(variable, coords=coords, name=pred.name, attrs=attrs)
+            _carry_encoded_nodata(obj.variable if isinstance(obj, xr.DataArray) else template, out)
+            return out
         if isinstance(pred, xr.Dataset):
             if not isinstance(obj, xr.Dataset):
                 raise PredictionError(
@@ -816,6 +828,7 @@ class Patcher(Generic[T]):
                 attrs = dict(obj[name].attrs if name in obj.data_vars else var.attrs)
                 variables[name] = _fill_nodata(result, attrs)
                 variables[name].attrs = attrs
+                _carry_encoded_nodata(template, variables[name])
             sizes = {d: n for v in variables.values() for d, n in zip(v.dims, v.shape)}
             coords = self._output_coords(pred, sizes)
             return xr.Dataset(variables, coords=coords, attrs=obj.attrs)
@@ -925,6 +938,7 @@ class Patcher(Generic[T]):
             raise OptionError(
                 f"dtype={dtype!r} is not a numpy dtype; pass e.g. 'float32' or np.float32."
             ) from None
+        encoded = None
         if isinstance(nodata, str):
             if nodata != "input":
                 raise OptionError(
@@ -932,7 +946,11 @@ class Patcher(Generic[T]):
                     "or None."
                 )
             nodata = nodata_of(obj)
-        elif nodata is not None and not isinstance(nodata, int | float | np.number):
+            # A masked input (NaN cells) keeps its nodata in the encoding: so does the output.
+            encoded = encoded_nodata_of(obj) if nodata is None else None
+        elif isinstance(nodata, bool) or (
+            nodata is not None and not isinstance(nodata, int | float | np.number)
+        ):
             raise OptionError(
                 f"nodata={nodata!r} must be 'input' (the input's nodata value), a number, or None."
             )
@@ -963,10 +981,16 @@ class Patcher(Generic[T]):
         # add_offset, ...) would misread it. Its nodata carries over, as a float.
         attrs = {k: v for k, v in obj.attrs.items() if k not in VALUE_ENCODING_ATTRS}
         out = xr.DataArray(result, coords=coords, name=obj.name, attrs=attrs)
-        if nodata_of(obj) is not None:
-            # Cells with no data in any input band give no prediction.
-            has_data = valid_cells(obj.variable).any(carried)
-            out = out.where(has_data.variable)
+        if nodata_of(obj) is not None or encoded_nodata_of(obj) is not None:
+            # No prediction where the input has no data: band by band when the output
+            # keeps the input's dims, else where no band has data.
+            valid = valid_cells(obj.variable)
+            keeps_dims = set(out.dims) == set(obj.dims) and all(
+                out.sizes[d] == obj.sizes[d] for d in carried
+            )
+            out = out.where(valid.variable if keeps_dims else valid.any(carried).variable)
+        if encoded is not None and fits_dtype(encoded, out.dtype):
+            out.encoding["_FillValue"] = encoded
         if nodata is None:
             return out
         if not fits_dtype(nodata, out.dtype):
