@@ -83,6 +83,27 @@ def test_zarr_in_zarr_out_with_new_output_dims(tmp_path, model_file, raster, cap
     assert main([*argv, *options, "--restart"]) == 0
 
 
+def test_nodata_carries_over_unless_another_is_asked_for(tmp_path, model_file, raster, capsys):
+    rioxarray = pytest.importorskip("rioxarray")
+    values = raster.values.copy()
+    values[:, :30, :30] = 0  # 8-bit style nodata 0
+    source = tmp_path / "in.tif"
+    raster.copy(data=values).rio.write_crs("EPSG:32633").rio.write_nodata(0).rio.to_raster(source)
+    argv = ["apply", str(source), "--fn", f"{model_file}:double", "--size", "32", "--no-progress"]
+    assert main([argv[0], argv[1], str(tmp_path / "a.tif"), *argv[2:]]) == 0
+    kept = rioxarray.open_rasterio(tmp_path / "a.tif")
+    assert kept.rio.nodata == 0 and (kept.values[:, :30, :30] == 0).all()
+    assert main([argv[0], argv[1], str(tmp_path / "b.tif"), *argv[2:], "--nodata", "nan"]) == 0
+    other = rioxarray.open_rasterio(tmp_path / "b.tif")
+    assert np.isnan(other.rio.nodata) and np.isnan(other.values[:, :30, :30]).all()
+    np.testing.assert_allclose(other.values[:, 30:, 30:], 2 * values[:, 30:, 30:], rtol=1e-6)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stop:
+        main([argv[0], argv[1], str(tmp_path / "c.tif"), *argv[2:], "--nodata", "zero"])
+    assert stop.value.code == 2
+    assert "'zero' is not 'input', 'none' or a number" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     ("extra", "message"),
     [

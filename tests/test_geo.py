@@ -344,6 +344,18 @@ def test_arrays_work_without_rioxarray_and_reprojection_says_what_to_install():
     assert 'pip install "xarray-patch[geo]"' in out
 
 
+def test_model_predictions_without_nodata_get_the_inputs_no_data_cells_masked():
+    da = nodata_raster()
+    p = da.patch(y=10, x=10, stride=5, window="hann")
+    scores = xr.DataArray(
+        np.ones((len(p), 3, 10, 10)), dims=("patch", "class", "y", "x")
+    )  # a model's output: no attributes, a value everywhere
+    out = p.reconstruct(scores)
+    assert out.rio.nodata == -9999.0
+    assert (out.values[:, :20, :20] == -9999.0).all()  # no band had data there
+    assert (out.values[:, 30, 30] == 1.0).all()  # one band had data: a prediction
+
+
 def test_a_uint8_raster_with_nodata_zero():
     values = np.random.default_rng(1).integers(1, 255, size=(3, 24, 24)).astype("uint8")
     values[:, :8, :8] = 0

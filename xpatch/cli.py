@@ -538,6 +538,18 @@ def run_apply(args: argparse.Namespace) -> int:
     return 0
 
 
+def _nodata(text: str) -> float | str | None:
+    """``--nodata``: 'input', 'none' or a number (nan included)."""
+    if text in ("input", "none"):
+        return None if text == "none" else text
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not 'input', 'none' or a number (e.g. -9999 or nan)"
+        ) from None
+
+
 def _plan_apply(args: argparse.Namespace) -> tuple:
     """Open the input and build the lazy result: ``(patcher, result, dims, stride)``."""
     fn = load_function(args.fn)
@@ -557,6 +569,7 @@ def _plan_apply(args: argparse.Namespace) -> tuple:
         output_dims=_output_dims(args.output_dims),
         dtype=args.dtype,
         reduce=args.reduce,
+        nodata=args.nodata,
     )
     return p, result, dims, stride
 
@@ -637,6 +650,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     apply.add_argument("--dtype", default=None, help="FN's output dtype (default: the input's)")
     apply.add_argument("--reduce", choices=("mean", "sum", "max", "min"), default="mean")
+    apply.add_argument(
+        "--nodata",
+        type=_nodata,
+        default="input",
+        help="OUTPUT's nodata: 'input' (default: the input's), a number, 'nan' or 'none'",
+    )
     apply.add_argument("--variable", default=None, help="variable of a zarr/netCDF input")
     apply.add_argument(
         "--restart", action="store_true", help="replace OUTPUT instead of resuming it"

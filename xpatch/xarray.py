@@ -93,6 +93,24 @@ def _fill_nodata(variable: xr.Variable, attrs: Mapping) -> xr.Variable:
     return variable.fillna(nodata)
 
 
+def _mask_input_nodata(result: xr.Variable, source: xr.Variable | None) -> xr.Variable:
+    """NaN where the input ``source`` has no data, if it has a nodata value.
+
+    Band by band when ``result`` keeps the input's dims and sizes; otherwise a
+    cell has no data when no band of the input has any.
+    """
+    if source is None or (nodata_of(source) is None and encoded_nodata_of(source) is None):
+        return result
+    valid = valid_cells(source)
+    if set(result.dims) == set(source.dims) and all(
+        result.sizes[d] == source.sizes[d] for d in source.dims
+    ):
+        return result.where(valid.transpose(*result.dims).variable)
+    carried = [d for d in source.dims if d not in result.dims or result.sizes[d] != source.sizes[d]]
+    spatial = valid.any(carried) if carried else valid
+    return result.where(spatial.variable)
+
+
 def _carry_encoded_nodata(source: xr.Variable | None, target: xr.Variable | xr.DataArray) -> None:
     """Give ``target`` the masked input's ``encoding["_FillValue"]``, which writers use."""
     value = None if source is None else encoded_nodata_of(source)
@@ -795,7 +813,9 @@ class Patcher(Generic[T]):
             template = obj.variable if isinstance(obj, xr.DataArray) else None
             if isinstance(obj, xr.Dataset) and pred.name in obj.data_vars:
                 template = obj[pred.name].variable
-            variable = self._reconstruct_variable(pred, template, reduce)
+            variable = _mask_input_nodata(
+                self._reconstruct_variable(pred, template, reduce), template
+            )
             coords = self._output_coords(pred, dict(zip(variable.dims, variable.shape)))
             attrs = obj.attrs if isinstance(obj, xr.DataArray) else dict(pred.attrs)
             variable = _fill_nodata(variable, attrs)
@@ -824,7 +844,9 @@ class Patcher(Generic[T]):
                     variables[name] = var.variable
                     continue
                 template = obj[name].variable if name in obj.data_vars else None
-                result = self._reconstruct_variable(var, template, reduce)
+                result = _mask_input_nodata(
+                    self._reconstruct_variable(var, template, reduce), template
+                )
                 attrs = dict(obj[name].attrs if name in obj.data_vars else var.attrs)
                 variables[name] = _fill_nodata(result, attrs)
                 variables[name].attrs = attrs
@@ -980,15 +1002,8 @@ class Patcher(Generic[T]):
         # fn's output is a new quantity: the input's packing attributes (scale_factor,
         # add_offset, ...) would misread it. Its nodata carries over, as a float.
         attrs = {k: v for k, v in obj.attrs.items() if k not in VALUE_ENCODING_ATTRS}
-        out = xr.DataArray(result, coords=coords, name=obj.name, attrs=attrs)
-        if nodata_of(obj) is not None or encoded_nodata_of(obj) is not None:
-            # No prediction where the input has no data: band by band when the output
-            # keeps the input's dims, else where no band has data.
-            valid = valid_cells(obj.variable)
-            keeps_dims = set(out.dims) == set(obj.dims) and all(
-                out.sizes[d] == obj.sizes[d] for d in carried
-            )
-            out = out.where(valid.variable if keeps_dims else valid.any(carried).variable)
+        out = xr.DataArray(_mask_input_nodata(result, obj.variable), coords=coords,
+                           name=obj.name, attrs=attrs)  # fmt: skip
         if encoded is not None and fits_dtype(encoded, out.dtype):
             out.encoding["_FillValue"] = encoded
         if nodata is None:
