@@ -344,6 +344,25 @@ def test_arrays_work_without_rioxarray_and_reprojection_says_what_to_install():
     assert 'pip install "xarray-patch[geo]"' in out
 
 
+def test_the_geo_paths_stay_lazy_for_dask_input():
+    from tests.conftest import forbid_compute
+
+    da = nodata_raster().chunk({"y": 16, "x": 16})
+    with forbid_compute():
+        p = da.patch(
+            y=10,
+            x=10,
+            stride=5,
+            window="hann",
+            sampler=xpatch.InBounds((500000.0, 3999600.0, 500400.0, 4000000.0)),
+        )
+        p[3], p.bounds(), p.transforms(), p.to_grain(transform=True)
+        back = p.reconstruct(p.patches())
+        doubled = p.apply(lambda b: b * 2)
+    np.testing.assert_allclose(back.values, da.values, rtol=1e-6)
+    assert doubled.rio.nodata == -9999.0
+
+
 def test_model_predictions_without_nodata_get_the_inputs_no_data_cells_masked():
     da = nodata_raster()
     p = da.patch(y=10, x=10, stride=5, window="hann")
