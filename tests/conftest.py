@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import contextlib
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import dask
@@ -60,3 +62,10 @@ def sorted_by_anchor(patches):
     names = [c for c in patches.coords if str(c).endswith("_anchor")]
     order = np.lexsort([patches[c].values for c in reversed(names)])
     return patches.isel(patch=order)
+
+
+def run_script(code: str) -> str:
+    """Run ``code`` in a fresh Python process (say, with a package blocked) and return stdout."""
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import warnings
 
 import numpy as np
@@ -13,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import xpatch
+from tests.conftest import run_script
 
 rioxarray = pytest.importorskip("rioxarray")
 from rasterio.transform import Affine, from_origin  # noqa: E402
@@ -338,9 +337,7 @@ except ImportError as error:
 
 
 def test_arrays_work_without_rioxarray_and_reprojection_says_what_to_install():
-    out = subprocess.run(
-        [sys.executable, "-c", NO_GEO], capture_output=True, text=True, check=True
-    ).stdout
+    out = run_script(NO_GEO)
     assert 'pip install "xarray-patch[geo]"' in out
 
 

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import pickle
-import subprocess
-import sys
 import threading
 import time
 import warnings
@@ -18,7 +16,7 @@ import xarray as xr
 from hypothesis import HealthCheck, given, settings
 
 import xpatch
-from tests.conftest import ComputeCounter, forbid_compute
+from tests.conftest import ComputeCounter, forbid_compute, run_script
 from tests.test_roundtrip import build, layouts, patch_options
 from xpatch.core.chunk_cache import ChunkCache
 
@@ -362,9 +360,7 @@ print(repr(result))
 
 
 def test_repr_is_the_same_in_another_process_and_tells_data_apart():
-    out = subprocess.run(
-        [sys.executable, "-c", REPR_SCRIPT], capture_output=True, text=True, check=True
-    ).stdout.strip()
+    out = run_script(REPR_SCRIPT).strip()
     assert "object at" not in out and "digest=" in out
     exec_globals: dict = {}
     exec(REPR_SCRIPT.replace("print(repr(result))", ""), exec_globals)  # the same construction here
@@ -535,7 +531,5 @@ except ImportError as error:
 
 
 def test_the_source_works_without_grain_and_the_shuffle_says_what_to_install():
-    out = subprocess.run(
-        [sys.executable, "-c", NO_GRAIN], capture_output=True, text=True, check=True
-    ).stdout
+    out = run_script(NO_GRAIN)
     assert 'pip install "xarray-patch[grain]"' in out
