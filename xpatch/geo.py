@@ -240,16 +240,26 @@ def patch_bounds(
     return np.stack([xs.min(0), ys.min(0), xs.max(0), ys.max(0)], axis=1)
 
 
-def nodata_of(obj: xr.DataArray | xr.Variable) -> Any:
-    """Return the nodata value of a raster variable (``_FillValue`` and friends), or None.
+def nodata_in(attrs: Mapping) -> Any:
+    """Return the nodata value that ``attrs`` give (``_FillValue`` and friends), or None.
 
     A NaN nodata is returned as NaN; cells that are NaN are missing anyway.
+
+    Examples
+    --------
+    >>> nodata_in({"units": "m", "_FillValue": np.float32(-9999)})
+    -9999.0
     """
     for key in NODATA_ATTRS:
-        if key in obj.attrs and obj.attrs[key] is not None:
-            value = np.asarray(obj.attrs[key])
+        if attrs.get(key) is not None:
+            value = np.asarray(attrs[key])
             return value.item() if value.ndim == 0 else value.ravel()[0].item()
     return None
+
+
+def nodata_of(obj: xr.DataArray | xr.Variable) -> Any:
+    """Return the nodata value of a raster variable's attributes, or None."""
+    return nodata_in(obj.attrs)
 
 
 def encoded_nodata_of(obj: xr.DataArray | xr.Variable) -> Any:

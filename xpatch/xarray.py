@@ -51,6 +51,7 @@ from xpatch.geo import (
     encoded_nodata_of,
     fits_dtype,
     grid_mapping_name,
+    nodata_in,
     nodata_of,
     patch_bounds,
     patch_transforms,
@@ -85,7 +86,7 @@ def is_dask_backed(var: xr.Variable) -> bool:
 
 def _fill_nodata(variable: xr.Variable, attrs: Mapping) -> xr.Variable:
     """Cells no valid prediction reached (NaN) take the nodata value of ``attrs``, if any."""
-    nodata = nodata_of(xr.Variable((), 0, dict(attrs)))
+    nodata = nodata_in(attrs)
     if nodata is None or not fits_dtype(nodata, variable.dtype):
         return variable
     if isinstance(nodata, float) and np.isnan(nodata):
@@ -760,7 +761,7 @@ class Patcher(Generic[T]):
         # one patch's (with that patch's transform).
         grid_mapping = grid_mapping_name(self._obj)
         for name, coord in pred.coords.items():
-            if name == grid_mapping or name == "geotransform":
+            if name == grid_mapping:
                 continue
             if PATCH_DIM not in coord.dims and not dims & set(coord.dims):
                 coords[name] = coord.variable
