@@ -406,6 +406,15 @@ def bench_lazy(s: Sizes, values: np.ndarray) -> dict:
     }
 
 
+def version_line(kind: str, quick: bool, extra: str) -> str:
+    """First line of a benchmark's output: what ran, on which versions."""
+    return (
+        f"# xpatch {xpatch.__version__} {kind} benchmarks ({'quick' if quick else 'full'}): "
+        f"python {platform.python_version()}, numpy {np.__version__}, dask {dask.__version__}, "
+        f"xarray {xr.__version__}; {extra}"
+    )
+
+
 # -- main ------------------------------------------------------------------------------------
 
 
@@ -416,11 +425,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     s = QUICK if args.quick else FULL
     start = time.perf_counter()
-    print(
-        f"# xpatch {xpatch.__version__} core benchmarks ({'quick' if args.quick else 'full'}): "
-        f"python {platform.python_version()}, numpy {np.__version__}, dask {dask.__version__}, "
-        f"xarray {xr.__version__}; best of {s.repeat}"
-    )
+    print(version_line("core", args.quick, f"best of {s.repeat}"))
     a = bench_anchors(s)
     r = bench_roundtrip(s)
     e = bench_eager(s)

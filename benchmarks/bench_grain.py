@@ -17,7 +17,6 @@ tables, then one summary line per figure for an issue note.
 from __future__ import annotations
 
 import argparse
-import platform
 import sys
 import tempfile
 import time
@@ -26,7 +25,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import dask
 import dask.array as dsa
 import grain
 import numpy as np
@@ -34,9 +32,8 @@ import xarray as xr
 import xbatcher
 
 # Shared with the core benchmarks (this folder is on sys.path when a script runs).
-from bench_core import best_of, fmt_time, print_table
+from bench_core import best_of, fmt_time, print_table, version_line
 
-import xpatch
 from xpatch.core.chunk_cache import DEFAULT_CACHE_BYTES
 from xpatch.grain import PatchSource
 
@@ -378,12 +375,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     s = QUICK if args.quick else FULL
     start = time.perf_counter()
-    print(
-        f"# xpatch {xpatch.__version__} grain benchmarks ({'quick' if args.quick else 'full'}): "
-        f"python {platform.python_version()}, numpy {np.__version__}, dask {dask.__version__}, "
-        f"xarray {xr.__version__}, grain {grain.__version__}, xbatcher {xbatcher.__version__}; "
-        f"best of {s.repeat} (xbatcher and zarr: {s.slow_repeat})"
-    )
+    versions = f"grain {grain.__version__}, xbatcher {xbatcher.__version__}"
+    print(version_line("grain", args.quick, f"{versions}; best of {s.repeat} "
+                       f"(xbatcher and zarr: {s.slow_repeat})"))  # fmt: skip
     values = np.random.default_rng(1).random((BANDS, s.grid, s.grid), dtype=np.float32)
     with tempfile.TemporaryDirectory(prefix="xpatch-bench-") as tmp:
         r = bench_rates(s, values, Path(tmp) / "scene.zarr")

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import re
 import shutil
 import subprocess
@@ -33,7 +32,7 @@ import numpy as np
 import xarray as xr
 
 # Shared with the core benchmarks (this folder is on sys.path when a script runs).
-from bench_core import best_of, fmt_time, print_table, raising_scheduler
+from bench_core import best_of, fmt_time, print_table, raising_scheduler, version_line
 from dask.callbacks import Callback
 
 import xpatch
@@ -579,11 +578,7 @@ def main(argv: list[str] | None = None) -> int:
         return child(args)
     s = QUICK if args.quick else FULL
     start = time.perf_counter()
-    print(
-        f"# xpatch {xpatch.__version__} scale benchmarks ({'quick' if args.quick else 'full'}): "
-        f"python {platform.python_version()}, numpy {np.__version__}, dask {dask.__version__}, "
-        f"xarray {xr.__version__}, {os.cpu_count()} cores; best of {s.repeat}"
-    )
+    print(version_line("scale", args.quick, f"{os.cpu_count()} cores; best of {s.repeat}"))
     g = bench_graph(s)
     values = np.random.default_rng(1).random((BANDS, s.grid, s.grid), dtype=np.float32)
     lz = bench_lazy(s, values)

@@ -148,18 +148,6 @@ def _first_and_step(values: np.ndarray, dim: Hashable, stored_step: float | None
     return _regular_step(values, dim)
 
 
-def translated(t: Transform, col: float, row: float) -> Transform:
-    """Return the transform of a window starting at ``(row, col)`` (as ``isel_window``).
-
-    Examples
-    --------
-    >>> translated((10.0, 0.0, 100.0, 0.0, -10.0, 20.0), col=2, row=1)
-    (10.0, 0.0, 120.0, 0.0, -10.0, 10.0)
-    """
-    a, b, c, d, e, f = t
-    return (a, b, c + a * col + b * row, d, e, f + d * col + e * row)
-
-
 def patch_transforms(
     obj: xr.DataArray | xr.Dataset, dims: Sequence[Hashable], anchors: np.ndarray
 ) -> np.ndarray | None:
@@ -205,11 +193,6 @@ def patch_extent(obj: xr.DataArray | xr.Dataset) -> tuple[float, ...] | None:
     whole = np.zeros((1, 2), dtype=np.int64)
     size = {dims[0]: obj.sizes[dims[0]], dims[1]: obj.sizes[dims[1]]}
     return tuple(round(float(v), 6) for v in patch_bounds(obj, dims, size, whole)[0])
-
-
-def is_georeferenced(obj: xr.DataArray | xr.Dataset) -> bool:
-    """Whether ``obj`` has a grid mapping coordinate (a CRS or a transform)."""
-    return grid_mapping_name(obj) is not None
 
 
 def patch_bounds(
