@@ -13,7 +13,12 @@ from dask.callbacks import Callback
 
 
 class ComputeCounter(Callback):
-    """Counts every dask graph execution started while it is active."""
+    """Counts the dask graph executions of the local schedulers while it is active.
+
+    Dask runs callbacks only in its own schedulers (threaded, processes, sync);
+    under a custom scheduler function use :func:`forbid_compute`, which counts
+    inside the scheduler.
+    """
 
     def __init__(self) -> None:
         super().__init__()
@@ -23,18 +28,32 @@ class ComputeCounter(Callback):
         self.computes += 1
 
 
+class RefusedComputes:
+    """The computations a refusing scheduler was asked for (each also raised)."""
+
+    def __init__(self) -> None:
+        self.computes = 0
+        self.keys: list = []
+
+
 @contextlib.contextmanager
-def forbid_compute() -> Iterator[ComputeCounter]:
-    """Fail on any dask computation: a scheduler that raises, and a counter as well."""
+def forbid_compute() -> Iterator[RefusedComputes]:
+    """Fail on any dask computation: the scheduler raises, and counts the attempts.
+
+    The count catches a computation whose error the code under test swallowed.
+    """
+    refused = RefusedComputes()
 
     def refuse(dsk, keys, **kwargs):
+        refused.computes += 1
+        refused.keys.append(list(keys)[:3])
         raise AssertionError(
             f"dask was asked to compute {list(keys)[:3]}... where nothing should run"
         )
 
-    with dask.config.set(scheduler=refuse), ComputeCounter() as counter:
-        yield counter
-    assert counter.computes == 0
+    with dask.config.set(scheduler=refuse):
+        yield refused
+    assert refused.computes == 0, f"{refused.computes} computation(s) attempted: {refused.keys}"
 
 
 @pytest.fixture

@@ -206,6 +206,6 @@ def test_apply_graph_holds_fn_under_one_key(lazy):
     apply_tasks = [
         k for k in graph if str(k[0]).startswith("xpatch-apply-") and str(k[0]).endswith("-partial")
     ]
-    assert len(apply_tasks) == len(p._patch_groups()) > 1
+    assert len(apply_tasks) == len(p.plan.groups) > 1
     # fn's table is pickled once, not once per task.
     assert len(cloudpickle.dumps(graph)) < 2 * big.nbytes

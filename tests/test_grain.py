@@ -181,9 +181,9 @@ def test_bad_source_options_are_refused(kwargs, error, message):
 
 def test_bad_dataset_variables_are_refused():
     image = dask_scene()
-    ds = xr.Dataset({"image": image, "row": image.isel(x=0), "weights": image})
-    with pytest.raises(xpatch.DimensionError, match=r"\['row'\] lack some of the patched dims"):
-        ds.patch(y=32, x=40).to_grain(variables=["image", "row"])
+    ds = xr.Dataset({"image": image, "scale": image.isel(x=0, y=0), "weights": image})
+    with pytest.raises(xpatch.DimensionError, match=r"\['scale'\] have none of the patched"):
+        ds.patch(y=32, x=40).to_grain(variables=["image", "scale"])
     with pytest.raises(xpatch.OptionError, match="collide with the item keys"):
         ds.patch(y=32, x=40).to_grain()
     with pytest.raises(xpatch.OptionError, match="selects nothing"):

@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from xpatch.core.overlap_add import overlap_add, overlap_add_dask
+from xpatch.core.plan import ChunkGrid, Plan
 
 
 def reference(pred, anchors, grid, window, reduce):
@@ -67,17 +68,27 @@ def cases(draw):
     groups = draw(st.integers(1, len(anchors)))
     grid_chunks = [draw(st.integers(1, g)) for g in grid]
     reduce = draw(st.sampled_from(["mean", "sum", "max", "min"]))
-    return pred, anchors, grid, window, reduce, groups, grid_chunks
+    keep_order = draw(st.booleans())
+    return pred, anchors, grid, window, reduce, groups, grid_chunks, keep_order
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cases())
 def test_eager_and_lazy_kernels_match_the_reference(case):
-    pred, anchors, grid, window, reduce, groups, grid_chunks = case
+    pred, anchors, grid, window, reduce, groups, grid_chunks, keep_order = case
     expected = reference(pred, anchors, grid, window, reduce)
     eager = overlap_add(pred, anchors, grid, window, reduce, threads=2)
     np.testing.assert_allclose(eager, expected, rtol=1e-10, atol=1e-12)
     chunks = dsa.core.normalize_chunks(grid_chunks, tuple(grid))
     lazy_pred = dsa.from_array(pred, chunks=(max(1, len(pred) // groups), *pred.shape[1:]))
-    lazy = overlap_add_dask(lazy_pred, anchors, grid, chunks, window, reduce).compute()
+    # Predictions chunked one way, the plan grouping them by the output's chunks
+    # (and, without keep_order, in chunk order: then the rows are given).
+    plan = Plan.compile(
+        anchors, ChunkGrid.from_chunks(chunks), window.shape, keep_order=keep_order, max_group=3
+    )
+    rows = None
+    if not keep_order:  # patch i of the plan is row rows[i] of the predictions
+        rows = np.argsort(plan.grid.block_ids(anchors), kind="stable")
+        np.testing.assert_array_equal(plan.anchors, anchors[rows])
+    lazy = overlap_add_dask(lazy_pred, plan, window, reduce, rows=rows).compute()
     np.testing.assert_allclose(lazy, expected, rtol=1e-10, atol=1e-12)

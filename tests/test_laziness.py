@@ -133,3 +133,14 @@ def test_patcher_is_immutable_and_pickles(lazy_scene):
     np.testing.assert_array_equal(clone.anchors(), p.anchors())
     np.testing.assert_array_equal(clone[3].values, p[3].values)
     assert isinstance(clone, xpatch.Patcher)
+
+
+def test_the_compute_counter_can_fail():
+    # A computation whose error the code under test swallows is still counted.
+    with pytest.raises(AssertionError, match="1 computation"):
+        with forbid_compute() as refused:
+            try:
+                dsa.ones(3).sum().compute()
+            except AssertionError:
+                pass
+            assert refused.computes == 1

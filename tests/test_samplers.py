@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import pickle
 import subprocess
 import sys
 
@@ -10,7 +11,7 @@ import pytest
 import xarray as xr
 
 import xpatch
-from tests.conftest import forbid_compute
+from tests.conftest import ComputeCounter, forbid_compute
 
 
 @pytest.fixture
@@ -103,9 +104,8 @@ def test_validity_filter_drops_all_nan_and_mostly_nan_patches(lazy):
     da = xr.DataArray(
         dsa.from_array(data, chunks=(1, 7, 7)) if lazy else data, dims=("b", "y", "x")
     )
-    with forbid_compute():
-        p_any = da.patch(y=10, x=10, min_valid=0)
-        p_half = da.patch(y=10, x=10, min_valid=0.5)
+    p_any = da.patch(y=10, x=10, min_valid=0)
+    p_half = da.patch(y=10, x=10, min_valid=0.5)
     assert np.asarray(p_any.anchors()).tolist() == [[0, 10], [10, 0], [10, 10]]
     assert np.asarray(p_half.anchors()).tolist() == [[0, 10], [10, 10]]
 
@@ -116,14 +116,18 @@ def test_validity_filter_counts_padding_as_invalid():
     assert np.asarray(p.anchors()).ravel().tolist() == [0]  # [8, 16) holds 2 of 8 valid cells
 
 
-def test_validity_filter_on_dask_computes_once_and_only_then():
+def test_validity_filter_on_dask_computes_once_when_built_and_never_again():
     data = dsa.from_array(np.ones((40, 40)), chunks=10)
     da = xr.DataArray(data, dims=("y", "x"))
-    with forbid_compute():
-        p = da.patch(y=8, x=8, min_valid=0.9)
-    from tests.conftest import ComputeCounter
-
     with ComputeCounter() as counter:
-        assert len(p) == 25
-        assert len(p) == 25
+        p = da.patch(y=8, x=8, min_valid=0.9)
     assert counter.computes == 1
+    with forbid_compute():  # every other path, and a pickled copy, computes nothing
+        assert len(p) == 25
+        p.patches()
+        p.reconstruct(p.patches())
+        p.apply(lambda b: b)
+        p.to_grain()
+        clone = pickle.loads(pickle.dumps(p))
+        assert len(clone) == 25
+        clone.to_grain()

@@ -27,7 +27,7 @@ from xpatch.core.errors import (
 from xpatch.core.samplers import Anchors, AtLabels, JitteredGrid, RandomAnchors, RegularGrid
 from xpatch.geo import AtPoints, InBounds
 from xpatch.io import write
-from xpatch.xarray import Patcher, patch
+from xpatch.patcher import Patcher, patch
 
 try:
     __version__ = version("xarray-patch")

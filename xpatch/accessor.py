@@ -14,7 +14,7 @@ import xarray as xr
 from xpatch.core.geometry import Boundary
 from xpatch.core.samplers import AtLabels, Sampler
 from xpatch.core.windows import WindowSpec
-from xpatch.xarray import Patcher
+from xpatch.patcher import Patcher
 
 
 @xr.register_dataarray_accessor("patch")

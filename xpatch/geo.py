@@ -1,9 +1,9 @@
-"""Georeferencing of patches: transforms, bounds, nodata, and samplers in map coordinates.
+"""Georeferencing of patches: transforms, bounds, and samplers in map coordinates.
 
 A raster's georeferencing lives where rioxarray and GDAL put it: a scalar grid
 mapping coordinate (``spatial_ref``) whose attributes hold the CRS (``crs_wkt``)
-and the affine transform (``GeoTransform``), and the nodata value in the array's
-``_FillValue`` attribute. This module reads and writes those attributes itself,
+and the affine transform (``GeoTransform``); the nodata rules live in
+:mod:`xpatch.cf`. This module reads and writes those attributes itself,
 so patches keep their georeferencing whether or not rioxarray is installed;
 reprojecting points from another CRS needs pyproj (``pip install
 "xarray-patch[geo]"``).
@@ -33,9 +33,6 @@ GEO_HINT = 'pip install "xarray-patch[geo]" (rioxarray and pyproj)'
 #: Names of the column (x) and row (y) dims, after rioxarray's defaults.
 X_NAMES = ("x", "longitude", "lon", "easting")
 Y_NAMES = ("y", "latitude", "lat", "northing")
-
-#: Attributes that give a raster's nodata value, in the order rioxarray reads them.
-NODATA_ATTRS = ("_FillValue", "missing_value", "fill_value", "nodata")
 
 Transform = tuple[float, float, float, float, float, float]
 
@@ -221,56 +218,6 @@ def patch_bounds(
     xs = np.stack([c, c + a * width, c + b * height, c + a * width + b * height])
     ys = np.stack([f, f + d * width, f + e * height, f + d * width + e * height])
     return np.stack([xs.min(0), ys.min(0), xs.max(0), ys.max(0)], axis=1)
-
-
-def nodata_in(attrs: Mapping) -> Any:
-    """Return the nodata value that ``attrs`` give (``_FillValue`` and friends), or None.
-
-    A NaN nodata is returned as NaN; cells that are NaN are missing anyway.
-
-    Examples
-    --------
-    >>> nodata_in({"units": "m", "_FillValue": np.float32(-9999)})
-    -9999.0
-    """
-    for key in NODATA_ATTRS:
-        if attrs.get(key) is not None:
-            value = np.asarray(attrs[key])
-            return value.item() if value.ndim == 0 else value.ravel()[0].item()
-    return None
-
-
-def nodata_of(obj: xr.DataArray | xr.Variable) -> Any:
-    """Return the nodata value of a raster variable's attributes, or None."""
-    return nodata_in(obj.attrs)
-
-
-def encoded_nodata_of(obj: xr.DataArray | xr.Variable) -> Any:
-    """Return the nodata value a masked raster keeps in its encoding, or None.
-
-    ``rioxarray.open_rasterio(..., masked=True)`` turns nodata cells into NaN and
-    moves the value to ``encoding["_FillValue"]``, where writers find it.
-    """
-    value = obj.encoding.get("_FillValue")
-    return None if value is None else np.asarray(value).item()
-
-
-def valid_cells(var: xr.Variable | xr.DataArray) -> Any:
-    """Boolean array (same dims): not NaN and not the nodata value."""
-    valid = xr.DataArray(var).notnull()
-    nodata = nodata_of(var)
-    if nodata is not None and not (isinstance(nodata, float) and math.isnan(nodata)):
-        valid = valid & (xr.DataArray(var) != nodata)
-    return valid
-
-
-def fits_dtype(value: Any, dtype: np.dtype) -> bool:
-    """Whether ``value`` can be stored exactly in ``dtype``."""
-    if value is None:
-        return False
-    with np.errstate(invalid="ignore", over="ignore"):
-        converted = np.asarray(value).astype(dtype)
-    return bool(np.array_equal(converted, np.asarray(value), equal_nan=True))
 
 
 # -- samplers in map coordinates ---------------------------------------------------------

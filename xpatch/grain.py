@@ -22,9 +22,8 @@ Examples
 from __future__ import annotations
 
 import importlib
-import os
 from collections.abc import Hashable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import xarray as xr
@@ -34,15 +33,17 @@ from xpatch.core.chunk_cache import (
     DEFAULT_CACHE_BYTES,
     CacheStats,
     ChunkCache,
-    ChunkGrid,
     assemble_patch,
     read_region,
 )
 from xpatch.core.errors import DimensionError, OptionError, PredictionError
-from xpatch.core.extract import check_pad_value, chunk_ids
+from xpatch.core.extract import check_pad_value
 from xpatch.core.shuffle import chunk_local_permutation
 from xpatch.geo import patch_transforms
-from xpatch.xarray import Patcher, _patched_variables, is_dask_backed
+from xpatch.variables import data_token, is_dask_backed, patched_variables
+
+if TYPE_CHECKING:
+    from xpatch.patcher import Patcher
 
 #: Keys every item carries besides its data.
 ITEM_KEYS = ("weights", "anchor", "index")
@@ -87,9 +88,10 @@ class _VariablePlan:
     ) -> None:
         self.name = name
         self.var = var
-        # The patched axes in the variable's own order, and for each the column of
-        # the patcher's anchors (which follow the patcher's dim order).
-        self.columns = sorted(range(len(dims)), key=lambda j: var.dims.index(dims[j]))
+        # The patched axes the variable has, in its own order, and for each the
+        # column of the patcher's anchors (which follow the patcher's dim order).
+        present = [j for j in range(len(dims)) if dims[j] in var.dims]
+        self.columns = sorted(present, key=lambda j: var.dims.index(dims[j]))
         self.axes = [var.dims.index(dims[j]) for j in self.columns]
         shape = list(var.shape)
         for ax, j in zip(self.axes, self.columns):
@@ -170,7 +172,7 @@ class PatchSource:
             )
         obj = patcher.obj
         dims = patcher.dims
-        usable = _patched_variables(obj, dims)
+        usable = patched_variables(obj, dims)
         if isinstance(obj, xr.DataArray):
             if variables is not None:
                 raise OptionError(
@@ -183,8 +185,8 @@ class PatchSource:
             unusable = [n for n in names if n not in usable]
             if unusable:
                 raise DimensionError(
-                    f"variables={variables!r}: {unusable!r} lack some of the patched dims "
-                    f"{list(dims)!r} (or are not data variables); those with all of them are "
+                    f"variables={variables!r}: {unusable!r} have none of the patched dims "
+                    f"{list(dims)!r} (or are not data variables); those with some of them are "
                     f"{list(usable)!r}."
                 )
             if not names:
@@ -198,14 +200,13 @@ class PatchSource:
             chosen = {str(n): usable[n] for n in names}
         size = [patcher.size[d] for d in dims]
         plans = [
-            _VariablePlan(name, var, dims, size, patcher._pad_value) for name, var in chosen.items()
+            _VariablePlan(name, var, dims, size, patcher.pad_value) for name, var in chosen.items()
         ]
-        anchors = patcher._anchor_array()
-        # The chunks that order the patches (the first dask variable's) are the
-        # ones cached, so that a pass in patch order reads chunk after chunk.
-        bounds = patcher._chunk_bounds()
+        anchors = patcher.plan.anchors
+        # The plan's chunks (the input's, which order the patches) are the ones
+        # cached, so that a pass in patch order reads chunk after chunk.
         lazy = any(plan.lazy for plan in plans)
-        grid = ChunkGrid.from_ends(bounds) if bounds is not None and lazy else None
+        grid = patcher.plan.grid if lazy else None
         mark_absl_flags_parsed()
         self._patcher = patcher
         self._plans = plans
@@ -214,7 +215,7 @@ class PatchSource:
         self._grid = grid
         self._size = size
         self._shape = list(patcher.geometry.shape)
-        self._window = patcher._window.values.astype(np.float32)
+        self._window = patcher.blend_window.values.astype(np.float32)
         self._transforms = None
         if transform:
             self._transforms = patch_transforms(obj, dims, anchors)
@@ -347,8 +348,7 @@ class PatchSource:
         """For every patch, the flat (C-order) index of the chunk holding its anchor."""
         if self._grid is None:
             return np.zeros(len(self), dtype=np.int64)
-        bounds = [np.asarray(s[1:]) for s in self._grid.starts]
-        return chunk_ids(self._anchors, bounds)
+        return self._patcher.plan.chunk_of_patch()
 
     def _describe(self, obj: xr.DataArray | xr.Dataset) -> str:
         p = self._patcher
@@ -527,23 +527,6 @@ class PatchSource:
             for j, d in enumerate(self._patcher.dims)
         }
         return xr.DataArray(values[order], dims=("patch", *dims), coords=coords, name=name)
-
-
-def data_token(var: xr.Variable) -> str:
-    """Return a deterministic token of a variable's values, never reading a lazy file whole.
-
-    Dask arrays are named by their graph, in-memory arrays by their bytes. A file
-    variable opened without dask chunks is identified by its source file (path and
-    modification time), shape and dtype: hashing its values would read it whole.
-    Attributes are left out: editing metadata does not change the items.
-    """
-    if is_dask_backed(var):
-        return var.data.name
-    if getattr(var, "_in_memory", True):
-        return tokenize(np.asarray(var.values))
-    source = var.encoding.get("source")
-    modified = os.stat(source).st_mtime_ns if source and os.path.exists(source) else None
-    return tokenize(type(var._data).__name__, source, modified, var.shape, str(var.dtype))
 
 
 def shard_range(count: int, shard_options: Any) -> tuple[int, int]:

@@ -45,6 +45,7 @@ from dask.highlevelgraph import HighLevelGraph
 from dask.optimization import cull
 from dask.threaded import get as threaded_get
 
+from xpatch.cf import file_nodata
 from xpatch.core.checks import check_choice
 from xpatch.core.errors import OptionError
 from xpatch.core.overlap_add import worker_count
@@ -538,11 +539,7 @@ def _write_geotiff(
     data = result.data if isinstance(result.data, da.Array) else da.from_array(result.data)
     data = data.rechunk({0: -1} if band_dims else {})
     if nodata is None:
-        nodata = result.attrs.get("_FillValue", result.encoding.get("_FillValue"))
-    if nodata is None:
-        nodata = result.rio.nodata
-    if nodata is None and np.issubdtype(result.dtype, np.floating):
-        nodata = np.nan
+        nodata = file_nodata(result)
     plan = _plan(result.to_dataset(name="band_data"))
     record, create = _start(path, plan, resume, overwrite)
     if create:

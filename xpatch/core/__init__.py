@@ -2,7 +2,8 @@
 
 Also the samplers, and the chunk cache and chunk-local shuffle behind the Grain source.
 
-Nothing in this package imports xarray; ``xpatch.xarray`` is the only layer that
+Nothing in this package imports xarray; the modules above it (``xpatch.patcher``
+and its views) are the layer that
 knows about dimension names' coordinates and attributes.
 """
 

@@ -24,10 +24,10 @@ from xpatch.core.overlap_add import (
     Reduction,
     accumulation_dtype,
     assemble_blocks,
-    group_boxes,
     overlap_add_groups,
     partial_sums,
 )
+from xpatch.core.plan import Plan
 
 #: ``fn(batch) -> batch``: numpy ``(b, *lead_in, *patch)`` to ``(b, *lead_out, *patch)``.
 BatchFunction = Callable[[np.ndarray], np.ndarray]
@@ -99,9 +99,7 @@ def _apply_task(
 
 def apply_numpy(
     array: np.ndarray,
-    anchors: np.ndarray,
-    groups: Sequence[tuple[int, int]],
-    size: Sequence[int],
+    plan: Plan,
     pad_value: object,
     fn: BatchFunction,
     batch_size: int,
@@ -112,25 +110,28 @@ def apply_numpy(
 ) -> np.ndarray:
     """Sliding-window inference on a numpy array, eagerly.
 
-    Patches are cut group by group (so that at most one group of patches exists
-    at a time), ``fn`` runs on each group in batches, and the predictions are
-    blended by the threaded eager overlap-add. ``array`` holds its patched axes
-    last. Returns ``(*lead_shape, *grid)`` in the accumulation dtype of ``dtype``.
+    Patches are cut group by group of the plan (so that at most one group of
+    patches exists at a time), ``fn`` runs on each group in batches, and the
+    predictions are blended by the threaded eager overlap-add. ``array`` holds
+    its patched axes last. Returns ``(*lead_shape, *grid)`` in the accumulation
+    dtype of ``dtype``.
 
     Examples
     --------
+    >>> from xpatch.core.plan import ChunkGrid, Plan
     >>> x = np.arange(6.0)
-    >>> out = apply_numpy(x, np.array([[0], [2]]), [(0, 2)], [4], np.nan, lambda b: b + 1,
-    ...                   8, [], np.dtype("f8"), np.ones(4), "mean")
-    >>> out.tolist()
+    >>> plan = Plan.compile(np.array([[0], [2]]), ChunkGrid.from_chunks([(6,)]), [4],
+    ...                     keep_order=True)
+    >>> apply_numpy(x, plan, np.nan, lambda b: b + 1, 8, [], np.dtype("f8"), np.ones(4),
+    ...             "mean").tolist()
     [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
     """
-    k = len(size)
+    k = plan.ndim
     axes = list(range(array.ndim - k, array.ndim))
-    anchor_groups = [anchors[a:b] for a, b in groups]
+    anchor_groups = [plan.group_anchors(g) for g in range(len(plan.groups))]
     prediction_groups = []
     for group in anchor_groups:
-        patches = extract_numpy(array, axes, group, size, pad_value)
+        patches = extract_numpy(array, axes, group, plan.size, pad_value)
         prediction_groups.append(run_batches(patches, fn, batch_size, k, lead_shape, dtype))
         del patches
     if not prediction_groups:
@@ -141,60 +142,55 @@ def apply_numpy(
 
 def apply_dask(
     array: da.Array,
-    anchors: np.ndarray,
-    groups: Sequence[tuple[int, int]],
-    size: Sequence[int],
+    plan: Plan,
     pad_value: object,
     fn: BatchFunction,
     batch_size: int,
     lead_shape: Sequence[int],
     dtype: np.dtype,
-    grid_chunks: Sequence[Sequence[int]],
     window: np.ndarray | BlendWindow,
     reduce: Reduction,
 ) -> da.Array:
     """Sliding-window inference as one lazy graph: patches, ``fn``, overlap-add.
 
-    ``array`` holds its patched axes last. Each group of patches is one task that
-    reads the input blocks the group touches, cuts its patches, runs ``fn`` over
-    them in batches and adds the results into the box they span
+    ``array`` holds its patched axes last. Each group of the plan is one task
+    that reads the input blocks the group touches, cuts its patches, runs ``fn``
+    over them in batches and adds the results into the group's box
     (:func:`~xpatch.core.overlap_add.partial_sums`); the predictions never leave
-    the task. Output blocks combine the pieces of those partials
-    (:func:`~xpatch.core.overlap_add.assemble_blocks`). ``fn`` and the window
-    enter the graph once.
+    the task. Output blocks (the plan's grid) combine the pieces of those
+    partials (:func:`~xpatch.core.overlap_add.assemble_blocks`). ``fn`` and the
+    window enter the graph once.
 
     Returns
     -------
     dask.array.Array
         ``(*lead_shape, *grid)`` in the accumulation dtype of ``dtype``.
     """
-    k = len(size)
+    k = plan.ndim
     n_carried = array.ndim - k
     axes = list(range(n_carried, array.ndim))
     window = BlendWindow.of(window)
-    grid_shape = array.shape[n_carried:]
-    anchor_groups = [anchors[a:b] for a, b in groups]
-    boxes = group_boxes(anchor_groups, size, grid_shape)
-    token = tokenize(array, anchors, groups, size, pad_value, fn, batch_size, lead_shape,
-                     str(dtype), grid_chunks, window.values, reduce)  # fmt: skip
+    size = list(plan.size)
+    token = tokenize(array, plan, pad_value, fn, batch_size, lead_shape, str(dtype),
+                     window.values, reduce)  # fmt: skip
     name = f"xpatch-apply-{token}"
     fn_key = (f"xpatch-fn-{token}",)
     window_key = (f"xpatch-window-{token}",)
     layer: dict = {fn_key: fn, window_key: window}
     partial_keys = {}
-    reads = group_reads(array, axes, anchors, size, groups, whole_axes=range(n_carried))
+    reads = group_reads(array, axes, plan, whole_axes=range(n_carried))
     for g, _, nested, crops, local in reads:
         key = (f"{name}-partial", g)
-        lo, shape = boxes[g]
+        lo, shape = plan.boxes[g]
         layer[key] = (
-            _apply_task, nested, crops, axes, local, list(size), pad_value, fn_key, batch_size,
-            tuple(lead_shape), dtype, anchor_groups[g], lo, shape, window_key, reduce,
+            _apply_task, nested, crops, axes, local, size, pad_value, fn_key, batch_size,
+            tuple(lead_shape), dtype, plan.group_anchors(g), lo, shape, window_key, reduce,
         )  # fmt: skip
         partial_keys[(g, (0,) * len(lead_shape))] = key
     acc = accumulation_dtype(dtype)
     lead_chunks = [(int(n),) for n in lead_shape]
     chunks = assemble_blocks(
-        layer, partial_keys, boxes, grid_chunks, lead_chunks, window_key, window, reduce, acc, name
+        layer, partial_keys, plan, lead_chunks, window_key, window, reduce, acc, name
     )
     graph = HighLevelGraph.from_collections(name, layer, dependencies=[array])
     meta = np.empty((0,) * (len(lead_shape) + k), dtype=acc)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import itertools
 import threading
-from bisect import bisect_left, bisect_right
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
@@ -24,6 +23,8 @@ import dask.array as da
 import numpy as np
 from dask.array.core import concatenate3
 from dask.local import get_sync
+
+from xpatch.core.plan import chunk_starts
 
 #: Default byte limit of a chunk cache (per process).
 DEFAULT_CACHE_BYTES = 512 * 2**20
@@ -169,57 +170,6 @@ def _nbytes(value: object) -> int:
     return int(getattr(value, "nbytes", 0))
 
 
-@dataclass(frozen=True)
-class ChunkGrid:
-    """The chunk boundaries of an array along its patched axes.
-
-    Parameters
-    ----------
-    starts
-        Per patched axis, the start of every chunk and the axis length at the end
-        (``len(chunks) + 1`` values).
-
-    Examples
-    --------
-    >>> grid = ChunkGrid.from_chunks([(4, 4, 2)])
-    >>> grid.touched([3], [4])
-    [(0,), (1,)]
-    >>> grid.region((1,))
-    (slice(4, 8, None),)
-    """
-
-    starts: tuple[tuple[int, ...], ...]
-
-    @classmethod
-    def from_chunks(cls, chunks: Sequence[Sequence[int]]) -> ChunkGrid:
-        """Grid from dask-style chunk sizes per patched axis."""
-        return cls(tuple(tuple(np.concatenate([[0], np.cumsum(c)]).tolist()) for c in chunks))
-
-    @classmethod
-    def from_ends(cls, ends: Sequence[Sequence[int]]) -> ChunkGrid:
-        """Grid from the cumulative chunk ends per patched axis."""
-        return cls(tuple((0, *(int(e) for e in axis_ends)) for axis_ends in ends))
-
-    @property
-    def count(self) -> int:
-        """Number of chunks."""
-        return int(np.prod([len(s) - 1 for s in self.starts], dtype=np.int64))
-
-    def touched(self, anchor: Sequence[int], size: Sequence[int]) -> list[tuple[int, ...]]:
-        """Block indices of the chunks that the patch at ``anchor`` overlaps."""
-        ranges = []
-        for starts, lo, extent in zip(self.starts, anchor, size):
-            lo = int(lo)
-            hi = min(lo + int(extent), starts[-1])
-            # bisect on the tuple of starts: a few microseconds, a fraction of numpy's call.
-            ranges.append(range(bisect_right(starts, lo) - 1, bisect_left(starts, hi)))
-        return list(itertools.product(*ranges))
-
-    def region(self, block: Sequence[int]) -> tuple[slice, ...]:
-        """Slices of the chunk ``block`` along the patched axes."""
-        return tuple(slice(s[b], s[b + 1]) for s, b in zip(self.starts, block))
-
-
 def assemble_patch(
     out: np.ndarray,
     axes: Sequence[int],
@@ -274,7 +224,7 @@ def read_region(array: da.Array, axes: Sequence[int], region: Sequence[slice]) -
     >>> read_region(x, [1], [slice(3, 6)]).tolist()
     [[3, 4, 5], [9, 10, 11]]
     """
-    starts = [np.concatenate([[0], np.cumsum(c)]).tolist() for c in array.chunks]
+    starts = [list(chunk_starts(c)) for c in array.chunks]
     ranges: list[range] = [range(len(c)) for c in array.chunks]
     whole_blocks = True
     for ax, sl in zip(axes, region):

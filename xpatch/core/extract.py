@@ -8,6 +8,7 @@ input's axis order, with each patched axis shortened to the patch size.
 from __future__ import annotations
 
 import itertools
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -19,9 +20,8 @@ from dask.highlevelgraph import HighLevelGraph
 from numpy.lib.stride_tricks import sliding_window_view
 
 from xpatch.core.errors import OptionError
-
-#: Upper bound of the bytes one dask task of patches produces.
-GROUP_BYTES = 64 * 2**20
+from xpatch.core.plan import Plan, chunk_starts
+from xpatch.core.regroup import take_rows
 
 
 def default_pad_value(dtype: np.dtype) -> float | int | bool:
@@ -126,81 +126,6 @@ def extract_numpy(
     return np.ascontiguousarray(stacked.transpose(order))
 
 
-def chunk_ids(anchors: np.ndarray, chunk_bounds: Sequence[np.ndarray]) -> np.ndarray:
-    """Flat (C-order) index of the input chunk that holds each anchor.
-
-    Examples
-    --------
-    >>> chunk_ids(np.array([[0, 7], [6, 0]]), [np.array([5, 10]), np.array([5, 10])]).tolist()
-    [1, 2]
-    """
-    if len(anchors) == 0:
-        return np.empty(0, dtype=np.int64)
-    per_axis = [np.searchsorted(b, anchors[:, j], side="right") for j, b in enumerate(chunk_bounds)]
-    return np.ravel_multi_index(per_axis, [len(b) for b in chunk_bounds]).astype(np.int64)
-
-
-def chunk_order(anchors: np.ndarray, chunk_bounds: Sequence[np.ndarray]) -> np.ndarray:
-    """Permutation that groups patches by the input chunk holding their anchor.
-
-    Chunks come in C order; within a chunk, patches keep their relative order
-    (a stable sort).
-
-    Examples
-    --------
-    >>> a = np.array([[0], [6], [3], [8]])
-    >>> chunk_order(a, [np.array([5, 10])]).tolist()
-    [0, 2, 1, 3]
-    """
-    ids = chunk_ids(anchors, chunk_bounds)
-    chunks = int(np.prod([len(b) for b in chunk_bounds], dtype=np.int64))
-    if chunks <= np.iinfo(np.uint16).max:
-        ids = ids.astype(np.uint16)  # numpy sorts 16-bit keys stably by radix: O(n)
-    return np.argsort(ids, kind="stable")
-
-
-def patch_groups(
-    anchors: np.ndarray, chunk_bounds: Sequence[np.ndarray], max_group: int
-) -> list[tuple[int, int]]:
-    """Split the patch index into runs of consecutive patches anchored in one chunk.
-
-    After :func:`chunk_order` there is one run per chunk that holds anchors; runs
-    longer than ``max_group`` are split.
-
-    Parameters
-    ----------
-    anchors
-        ``(n, k)`` anchors.
-    chunk_bounds
-        Per patched axis, the cumulative chunk ends of the input.
-    max_group
-        Largest number of patches in one run.
-
-    Examples
-    --------
-    >>> a = np.array([[0], [3], [6], [9], [12]])
-    >>> patch_groups(a, [np.array([5, 10, 15])], max_group=10)
-    [(0, 2), (2, 4), (4, 5)]
-    """
-    n = len(anchors)
-    if n == 0:
-        return []
-    ids = chunk_ids(anchors, chunk_bounds)
-    change = np.flatnonzero(np.diff(ids) != 0) + 1
-    starts = np.concatenate([[0], change])
-    stops = np.concatenate([change, [n]])
-    groups = []
-    for start, stop in zip(starts.tolist(), stops.tolist()):
-        groups.extend((s, min(s + max_group, stop)) for s in range(start, stop, max_group))
-    return groups
-
-
-def max_group_size(patch_shape: Sequence[int], itemsize: int) -> int:
-    """Largest number of patches whose stack stays within :data:`GROUP_BYTES`."""
-    patch_bytes = max(int(np.prod(patch_shape, dtype=np.int64)) * itemsize, 1)
-    return max(GROUP_BYTES // patch_bytes, 1)
-
-
 def join_blocks(nested: list, crops: Sequence[Sequence[slice]]) -> np.ndarray:
     """Concatenate nested blocks, each cut to ``crops[axis][position]`` first.
 
@@ -222,14 +147,12 @@ def extract_task(nested: list, crops, axes, anchors, size, pad_value) -> np.ndar
 
 
 def group_reads(
-    array: da.Array,
-    axes: Sequence[int],
-    anchors: np.ndarray,
-    size: Sequence[int],
-    groups: Sequence[tuple[int, int]],
-    whole_axes: Sequence[int] = (),
+    array: da.Array, axes: Sequence[int], plan: Plan, whole_axes: Sequence[int] = ()
 ) -> Iterator[tuple[int, tuple[int, ...], list, list, np.ndarray]]:
-    """For each group of patches, the input blocks it reads.
+    """For each group of the plan, the input blocks it reads.
+
+    ``plan`` covers the patched ``axes`` of ``array``, in their order (a
+    projected plan for a variable that lacks some patched dims).
 
     Yields ``(group, out_index, nested_keys, crops, local_anchors)``: the group's
     position; the block index of its patches in the stacked output, over all the
@@ -242,36 +165,25 @@ def group_reads(
     axes = [int(a) for a in axes]
     carried = [ax for ax in range(array.ndim) if ax not in axes]
     split = [ax for ax in carried if ax not in whole_axes]
-    starts = [np.concatenate([[0], np.cumsum(c)]) for c in array.chunks]
-    limits = [array.shape[ax] for ax in axes]
-    for g, (start, stop) in enumerate(groups):
-        group = anchors[start:stop]
-        lo = group.min(axis=0)
-        hi = np.minimum(group.max(axis=0) + np.asarray(size), limits)
+    starts = [chunk_starts(c) for c in array.chunks]
+    for g, (origin, shape) in enumerate(plan.boxes):
+        lo = dict(zip(axes, origin))
+        hi = {ax: o + n for ax, o, n in zip(axes, origin, shape)}
         ranges: list[range] = []
-        for ax in range(array.ndim):
-            if ax in axes:
-                j = axes.index(ax)
-                first = int(np.searchsorted(starts[ax], lo[j], side="right")) - 1
-                last = int(np.searchsorted(starts[ax], hi[j], side="left"))
-                ranges.append(range(first, last))
-            else:
-                ranges.append(range(len(array.chunks[ax])))
         crops: list[list[slice]] = []
         for ax in range(array.ndim):
-            if ax in axes:
-                j = axes.index(ax)
-                crops.append(
-                    [
-                        slice(
-                            max(int(lo[j]) - int(starts[ax][b]), 0),
-                            min(int(hi[j]), int(starts[ax][b + 1])) - int(starts[ax][b]),
-                        )
-                        for b in ranges[ax]
-                    ]
-                )
-            else:
-                crops.append([slice(None)] * len(ranges[ax]))
+            if ax not in lo:
+                ranges.append(range(len(array.chunks[ax])))
+                crops.append([slice(None)] * len(array.chunks[ax]))
+                continue
+            s = starts[ax]
+            first = bisect_right(s, lo[ax]) - 1
+            last = bisect_left(s, hi[ax])
+            ranges.append(range(first, last))
+            crops.append(
+                [slice(max(lo[ax] - s[b], 0), min(hi[ax], s[b + 1]) - s[b]) for b in ranges[-1]]
+            )
+        local = plan.group_anchors(g) - np.asarray(origin)
         for carried_block in itertools.product(*(ranges[ax] for ax in split)):
             reads = list(ranges)
             out_index = [0] * array.ndim
@@ -281,53 +193,49 @@ def group_reads(
                 out_index[ax] = b
                 block_crops[ax] = [slice(None)]
             nested = _nested_keys(array.name, reads)
-            yield g, tuple(out_index), nested, block_crops, group - lo
+            yield g, tuple(out_index), nested, block_crops, local
 
 
 def extract_dask(
-    array: da.Array,
-    axes: Sequence[int],
-    anchors: np.ndarray,
-    size: Sequence[int],
-    pad_value: object = None,
-    groups: Sequence[tuple[int, int]] | None = None,
+    array: da.Array, axes: Sequence[int], plan: Plan, pad_value: object = None
 ) -> da.Array:
-    """Stack the patches of a dask array lazily, one task per group of patches.
+    """Stack the patches of a dask array lazily, one task per group of the plan.
 
     Each task reads the input chunks its patches touch, and only those, and cuts
     the patches out in numpy: the graph has one task per group (and per chunk of
     the carried axes), so its size follows the number of chunks, not of patches.
-    The patch axis is chunked by group.
+    The result is in the user's order of the plan; when that is not the chunk
+    order, one more task per group gathers the patches into it
+    (:func:`~xpatch.core.regroup.take_rows`).
 
     Parameters
     ----------
-    array, axes, anchors, size, pad_value
+    array, axes, pad_value
         As for :func:`extract_numpy`.
-    groups
-        ``(start, stop)`` runs of the patch index, one task each; default
-        :func:`patch_groups` over the input's chunks.
+    plan
+        The plan over the patched ``axes``, in their order.
     """
+    size = list(plan.size)
     patch_shape = list(array.shape)
     for ax, s in zip(axes, size):
         patch_shape[ax] = s
-    if groups is None:
-        bounds = [np.cumsum(array.chunks[ax]) for ax in axes]
-        groups = patch_groups(anchors, bounds, max_group_size(patch_shape, array.dtype.itemsize))
-    if not groups:
+    if not plan.groups:
         return da.empty((0, *patch_shape), dtype=array.dtype, chunks=-1)
     axes = [int(a) for a in axes]
-    size = [int(s) for s in size]
-    token = tokenize(array, anchors, axes, size, pad_value, groups)
+    token = tokenize(array, axes, plan, pad_value)
     name = f"xpatch-patches-{token}"
     layer: dict = {}
-    for g, out_index, nested, crops, local in group_reads(array, axes, anchors, size, groups):
+    for g, out_index, nested, crops, local in group_reads(array, axes, plan):
         layer[(name, g, *out_index)] = (extract_task, nested, crops, axes, local, size, pad_value)
-    chunks = [tuple(stop - start for start, stop in groups)]
+    chunks = [tuple(stop - start for start, stop in plan.groups)]
     for ax in range(array.ndim):
         chunks.append((patch_shape[ax],) if ax in axes else array.chunks[ax])
     graph = HighLevelGraph.from_collections(name, layer, dependencies=[array])
     meta = np.empty((0,) * (array.ndim + 1), dtype=array.dtype)
-    return da.Array(graph, name, tuple(chunks), meta=meta)
+    stacked = da.Array(graph, name, tuple(chunks), meta=meta)
+    if plan.in_chunk_order:
+        return stacked
+    return take_rows(stacked, plan.position, chunks[0])
 
 
 def _nested_keys(name: str, ranges: Sequence[range], prefix: tuple = ()) -> list | tuple:

@@ -29,6 +29,8 @@ from dask.base import tokenize
 from dask.highlevelgraph import HighLevelGraph
 
 from xpatch.core.checks import check_choice
+from xpatch.core.plan import Plan
+from xpatch.core.regroup import row_sources
 from xpatch.core.windows import separable_factors
 
 Reduction = Literal["mean", "sum", "max", "min"]
@@ -669,18 +671,6 @@ def combine_partials(
     return _normalise(out, weight, reduce)
 
 
-def group_boxes(
-    anchor_groups: Sequence[np.ndarray], size: Sequence[int], grid_shape: Sequence[int]
-) -> list[tuple[list[int], list[int]]]:
-    """Return the box each group of patches spans, clipped to the grid: ``(origin, shape)``."""
-    boxes = []
-    for anchors in anchor_groups:
-        lo = anchors.min(axis=0)
-        hi = np.minimum(anchors.max(axis=0) + np.asarray(size), np.asarray(grid_shape))
-        boxes.append((lo.tolist(), (hi - lo).tolist()))
-    return boxes
-
-
 def _overhang_task(partial: Partial, blocks: list, size) -> dict:
     # Copies: the pieces must not keep the partial's whole box alive.
     return {block: partial.crop(origin, shape, size) for block, origin, shape in blocks}
@@ -699,8 +689,7 @@ def _combine_task(block, origin, block_shape, template_shape, dtype, window, red
 def assemble_blocks(
     layer: dict,
     partial_keys: dict[tuple[int, tuple[int, ...]], tuple],
-    boxes: Sequence[tuple[Sequence[int], Sequence[int]]],
-    grid_chunks: Sequence[Sequence[int]],
+    plan: Plan,
     lead_chunks: Sequence[Sequence[int]],
     window_key: tuple,
     window: BlendWindow,
@@ -711,53 +700,39 @@ def assemble_blocks(
     """Add to ``layer`` one task per output block that combines the partials on it.
 
     ``partial_keys[(g, lead_block)]`` is the key of group ``g``'s partial (over
-    ``boxes[g]``) for one block of the lead axes. The block that holds a partial's
-    origin reads the partial itself; the pieces that overhang into other blocks
-    are copied out by one ``{name}-overhang`` task per partial, so a neighbouring
-    block waits for those thin pieces, not for the whole group. Returns the
-    output's chunks.
+    its box in ``plan``) for one block of the lead axes. Output blocks are those
+    of ``plan.grid``. The block that holds a group's anchors reads the partial
+    itself; the pieces that overhang into other blocks are copied out by one
+    ``{name}-overhang`` task per partial, so a neighbouring block waits for those
+    thin pieces, not for the whole group. Returns the output's chunks.
     """
-    k = len(grid_chunks)
+    grid = plan.grid
     size = window.values.shape
-    block_starts = [np.concatenate([[0], np.cumsum(c)]).astype(np.int64) for c in grid_chunks]
     per_block: dict[tuple[int, ...], list[tuple]] = {}
     for (g, lead_block), key in partial_keys.items():
-        lo, shape = boxes[g]
-        ranges = []
-        for j in range(k):
-            first = int(np.searchsorted(block_starts[j], lo[j], side="right")) - 1
-            last = int(np.searchsorted(block_starts[j], lo[j] + shape[j], side="left"))
-            ranges.append(range(first, last))
-        home = tuple(r[0] for r in ranges)
+        home, others = plan.reach[g]
         per_block.setdefault((*lead_block, *home), []).append(key)
-        others = [
-            (block, [int(block_starts[j][b]) for j, b in enumerate(block)],
-             [int(grid_chunks[j][b]) for j, b in enumerate(block)])
-            for block in itertools.product(*ranges)
-            if block != home
-        ]  # fmt: skip
         if others:
             overhang = (f"{name}-overhang", g, *lead_block)
-            layer[overhang] = (_overhang_task, key, others, size)
-            for block, _, _ in others:
+            pieces = [(block, grid.origin(block), grid.extent(block)) for block in others]
+            layer[overhang] = (_overhang_task, key, pieces, size)
+            for block in others:
                 per_block.setdefault((*lead_block, *block), []).append(overhang)
     for lead_block in itertools.product(*(range(len(c)) for c in lead_chunks)):
         template_shape = (*(lead_chunks[j][b] for j, b in enumerate(lead_block)), *size)
-        for block in itertools.product(*(range(len(c)) for c in grid_chunks)):
-            origin = [int(block_starts[j][b]) for j, b in enumerate(block)]
-            extent = [int(grid_chunks[j][b]) for j, b in enumerate(block)]
+        for block in grid.blocks():
             layer[(name, *lead_block, *block)] = (
                 _combine_task,
                 block,
-                origin,
-                extent,
+                grid.origin(block),
+                grid.extent(block),
                 template_shape,
                 dtype,
                 window_key,
                 reduce,
                 *per_block.get((*lead_block, *block), []),
             )
-    return tuple(tuple(c) for c in lead_chunks) + tuple(tuple(c) for c in grid_chunks)
+    return tuple(tuple(c) for c in lead_chunks) + grid.chunks
 
 
 def _partial_task(predictions, anchors, origin, box_shape, window, reduce) -> Partial:
@@ -766,59 +741,59 @@ def _partial_task(predictions, anchors, origin, box_shape, window, reduce) -> Pa
 
 def overlap_add_dask(
     predictions: da.Array,
-    anchors: np.ndarray,
-    grid_shape: Sequence[int],
-    grid_chunks: Sequence[Sequence[int]],
+    plan: Plan,
     window: np.ndarray | BlendWindow,
     reduce: Reduction = "mean",
+    rows: np.ndarray | None = None,
 ) -> da.Array:
     """Reconstruct dask predictions lazily: a partial per group, a task per output block.
 
-    Each prediction chunk (a group of patches along axis 0, for one block of the
-    lead axes) is added into the box its patches span (:func:`partial_sums`); each
-    output block (``grid_chunks`` along the patched axes, the prediction's chunks
-    along the lead axes) adds the pieces of the partials that reach it and
-    normalises by the window sums of their anchors, which depend on geometry
-    alone (:func:`combine_partials`). The window enters the graph once.
+    The predictions of each group of the plan (for one block of the lead axes)
+    are added into the group's box (:func:`partial_sums`), read straight from
+    the chunk that holds them when the predictions are chunked as the plan
+    groups them, else gathered from the chunks that do (:mod:`~xpatch.core.regroup`):
+    predictions chunked any way along the patch axis give the same graph size
+    and task memory. Each output block (the plan's grid along the patched axes,
+    the prediction's chunks along the lead axes) adds the pieces of the partials
+    that reach it and normalises by the window sums of their anchors, which
+    depend on geometry alone (:func:`combine_partials`). The window enters the
+    graph once.
 
     Parameters
     ----------
     predictions
         ``(n, *lead, *patch)`` dask array; its patched axes are made whole.
-    anchors
-        ``(n, k)`` anchors.
-    grid_shape, grid_chunks
-        Shape of the output grid and its chunks along the patched axes.
+    plan
+        The plan over the patched axes (its grid is the output's).
     window, reduce
         As for :func:`accumulate_groups`.
+    rows
+        The row of ``predictions`` that holds each patch (in the user's order of
+        the plan); default: row ``i`` holds patch ``i``.
     """
-    k = len(grid_shape)
+    k = plan.ndim
     n_lead = predictions.ndim - 1 - k
     window = BlendWindow.of(window)
     predictions = predictions.rechunk({ax: -1 for ax in range(1 + n_lead, predictions.ndim)})
-    ends = np.cumsum(predictions.chunks[0]).astype(np.int64)
-    starts = ends - np.asarray(predictions.chunks[0], dtype=np.int64)
-    groups = [(int(a), int(b)) for a, b in zip(starts, ends) if b > a]
-    chunk_of_group = [i for i, (a, b) in enumerate(zip(starts, ends)) if b > a]
-    anchor_groups = [anchors[a:b] for a, b in groups]
-    boxes = group_boxes(anchor_groups, window.values.shape, grid_shape)
+    rows = plan.order if rows is None else np.asarray(rows, dtype=np.int64)[plan.order]
     acc = accumulation_dtype(predictions.dtype)
-    token = tokenize(predictions, anchors, grid_shape, grid_chunks, window.values, reduce)
+    token = tokenize(predictions, plan, rows, window.values, reduce)
     name = f"xpatch-overlap-add-{token}"
     window_key = (f"xpatch-window-{token}",)
     layer: dict = {window_key: window}
     lead_chunks = predictions.chunks[1 : 1 + n_lead]
     partial_keys = {}
-    for g, (chunk, group_anchors, (lo, shape)) in enumerate(
-        zip(chunk_of_group, anchor_groups, boxes)
-    ):
+    for g, ((start, stop), (lo, shape)) in enumerate(zip(plan.groups, plan.boxes)):
         for lead_block in itertools.product(*(range(len(c)) for c in lead_chunks)):
             key = (f"{name}-partial", g, *lead_block)
-            source = (predictions.name, chunk, *lead_block, *([0] * k))
-            layer[key] = (_partial_task, source, group_anchors, lo, shape, window_key, reduce)
+            source = row_sources(
+                predictions.name, predictions.chunks[0], rows[start:stop], (*lead_block, *[0] * k)
+            )
+            anchors = plan.group_anchors(g)
+            layer[key] = (_partial_task, source, anchors, lo, shape, window_key, reduce)
             partial_keys[(g, lead_block)] = key
     chunks = assemble_blocks(
-        layer, partial_keys, boxes, grid_chunks, lead_chunks, window_key, window, reduce, acc, name
+        layer, partial_keys, plan, lead_chunks, window_key, window, reduce, acc, name
     )
     graph = HighLevelGraph.from_collections(name, layer, dependencies=[predictions])
     return da.Array(graph, name, chunks, dtype=acc, meta=np.empty((0,) * (n_lead + k), acc))

@@ -183,3 +183,19 @@ def separable_factors(window: np.ndarray) -> tuple[np.ndarray, ...] | None:
     if not np.allclose(rebuilt, window, rtol=1e-12, atol=0.0):
         return None
     return tuple(factors)
+
+
+def marginal_window(window: np.ndarray, keep: Sequence[int]) -> np.ndarray:
+    """Return the window of a variable with only the patched axes ``keep``: summed over the rest.
+
+    A prediction without some patched axis stands for the whole patch along it,
+    so it weighs what the window weighs over that axis. For a separable window
+    this is the window over ``keep`` times a constant.
+
+    Examples
+    --------
+    >>> marginal_window(np.outer([1.0, 2.0], [1.0, 3.0]), [1]).tolist()
+    [3.0, 9.0]
+    """
+    drop = tuple(ax for ax in range(window.ndim) if ax not in keep)
+    return window.sum(axis=drop) if drop else window

@@ -1,0 +1,158 @@
+"""Sliding-window inference on a patcher: ``Patcher.apply``'s arguments and its result.
+
+The numpy and dask work is :mod:`xpatch.core.apply`, on the patcher's plan; this
+module checks the arguments before any work starts and dresses the result with
+the input's coordinates and the nodata rules of :mod:`xpatch.cf`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping
+from typing import TYPE_CHECKING, Literal
+
+import dask.array as da
+import numpy as np
+import xarray as xr
+from numpy.typing import DTypeLike
+
+from xpatch.cf import applied, check_nodata_option
+from xpatch.core.apply import BatchFunction, apply_dask, apply_numpy
+from xpatch.core.errors import DimensionError, OptionError
+from xpatch.core.extract import check_pad_value
+from xpatch.core.overlap_add import Reduction, check_reduction
+from xpatch.predictions import output_coords
+from xpatch.views import PATCH_DIM
+
+if TYPE_CHECKING:
+    from xpatch.patcher import Patcher
+
+
+def check_output_dims(
+    p: Patcher, output_dims: Mapping[Hashable, int] | None
+) -> dict[Hashable, int]:
+    """Return the output's non-patched dims and sizes (default: the input's)."""
+    obj = p.obj
+    if output_dims is None:
+        return {d: obj.sizes[d] for d in obj.dims if d not in p.dims}
+    if not isinstance(output_dims, Mapping) or any(
+        isinstance(n, bool) or not isinstance(n, int | np.integer) or n < 1
+        for n in output_dims.values()
+    ):
+        raise OptionError(
+            f"output_dims={output_dims!r} must map the output's non-patched dim names to "
+            "positive sizes, in order, e.g. {'class': 5}."
+        )
+    clash = [d for d in output_dims if d in p.dims or d == PATCH_DIM]
+    if clash:
+        raise DimensionError(
+            f"output_dims names {clash!r}, which are patched dims (or 'patch'); list only "
+            "the non-patched dims of fn's output."
+        )
+    return dict(output_dims)
+
+
+def apply(
+    p: Patcher,
+    fn: BatchFunction,
+    batch_size: int = 64,
+    *,
+    output_dims: Mapping[Hashable, int] | None = None,
+    dtype: DTypeLike | None = None,
+    reduce: Reduction = "mean",
+    nodata: float | Literal["input"] | None = "input",
+) -> xr.DataArray:
+    """Run ``fn`` over every patch in batches and blend the results onto the grid.
+
+    Sliding-window inference: patches are cut group by group (one group per
+    input chunk), ``fn`` sees numpy batches, and the per-patch results are put
+    back with :meth:`reconstruct`'s weighted overlap-add. Every patch goes
+    through ``fn`` exactly once per computation.
+
+    Parameters
+    ----------
+    fn
+        ``fn(batch) -> batch``. It receives numpy arrays ``(b, *carried,
+        *patch)``: the input's non-patched dims in its order, then the patched
+        dims in the order of :attr:`dims`, with ``b <= batch_size``. It returns
+        ``(b, *output_dims, *patch)``. With ``boundary="pad"`` the padded cells
+        hold ``pad_value``.
+    batch_size
+        Largest number of patches per call of ``fn``.
+    output_dims
+        The non-patched dims of ``fn``'s output and their sizes, in order, e.g.
+        ``{"class": 5}``. Default: the input's non-patched dims (``fn`` keeps
+        them). Declared, not discovered: nothing is computed to find them.
+    dtype
+        dtype of ``fn``'s output; default the input's dtype. Results are cast
+        to it within their kind; an output of another kind raises.
+    reduce
+        How overlapping results combine, as in :meth:`reconstruct`.
+    nodata
+        The output's nodata value (``_FillValue``): ``"input"`` (default) the
+        input's, a number, or None for none (NaN cells stay NaN). Cells where
+        the input has no data in any band (its nodata value or NaN), and cells
+        no valid prediction reached, take it. A prediction equal to it would be
+        read as missing: choose one the model cannot output (``np.nan`` is
+        always safe for the float output).
+
+    Returns
+    -------
+    xarray.DataArray
+        ``(*output_dims, *patched dims)`` on the input's grid (in the input's
+        dim order when the output keeps its dims), with its coordinates (CRS
+        and transform included) and attributes, less those that say how
+        stored values are read (``scale_factor``, ``add_offset``, ...: see
+        :data:`xpatch.cf.VALUE_ENCODING_ATTRS`), and with ``nodata`` as ``_FillValue``.
+        Lazy for dask input, computed for numpy input.
+
+    Examples
+    --------
+    >>> import numpy as np, xarray as xr, xpatch
+    >>> da = xr.DataArray(np.arange(24.0).reshape(2, 3, 4), dims=("band", "y", "x"))
+    >>> p = da.patch(y=2, x=2, stride=1, window="hann")
+    >>> bool(np.allclose(p.apply(lambda batch: batch * 10, batch_size=4), da * 10))
+    True
+    >>> scores = p.apply(lambda b: b.sum(axis=1, keepdims=True), output_dims={"score": 1})
+    >>> scores.dims, scores.isel(score=0).values[0].tolist()
+    (('score', 'y', 'x'), [12.0, 14.0, 16.0, 18.0])
+    """
+    obj = p.obj
+    if not isinstance(obj, xr.DataArray):
+        raise OptionError(
+            "apply runs a function over the patches of one DataArray; this patcher cuts a "
+            "Dataset. Patch ds.to_dataarray('variable') or one of its variables instead."
+        )
+    if not callable(fn):
+        raise OptionError(f"fn={fn!r} is not callable; pass fn(batch) -> batch.")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise OptionError(f"batch_size={batch_size!r} must be a positive int, e.g. 32.")
+    reduce = check_reduction(reduce)
+    nodata = check_nodata_option(nodata)
+    output_dims = check_output_dims(p, output_dims)
+    try:
+        dtype = obj.dtype if dtype is None else np.dtype(dtype)
+    except TypeError:
+        raise OptionError(
+            f"dtype={dtype!r} is not a numpy dtype; pass e.g. 'float32' or np.float32."
+        ) from None
+    carried = [d for d in obj.dims if d not in p.dims]
+    data = obj.transpose(*carried, *p.dims).data
+    common = dict(
+        plan=p.plan,
+        pad_value=check_pad_value(p.pad_value, obj.dtype),
+        fn=fn,
+        batch_size=batch_size,
+        lead_shape=[int(n) for n in output_dims.values()],
+        dtype=dtype,
+        window=p.blend_window,
+        reduce=reduce,
+    )
+    if isinstance(data, da.Array):
+        out = apply_dask(data, **common)
+    else:
+        out = apply_numpy(np.asarray(data), **common)
+    result = xr.Variable((*output_dims, *p.dims), out)
+    if set(result.dims) == set(obj.dims):
+        result = result.transpose(*obj.dims)
+    coords = output_coords(p, xr.Dataset(), dict(zip(result.dims, result.shape)))
+    return applied(result, obj, coords, nodata)

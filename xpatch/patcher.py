@@ -1,0 +1,624 @@
+"""The patcher: an immutable patch layout over a DataArray or Dataset, and its plan.
+
+:class:`Patcher` is what ``da.patch(...)`` returns (``xpatch.patch(obj, ...)`` is
+its functional spelling). Building one validates every argument, places the
+anchors and compiles them, once, into a :class:`~xpatch.core.plan.Plan` that
+every lazy path shares. The views (:mod:`xpatch.views`), reconstruction
+(:mod:`xpatch.predictions`), inference (:mod:`xpatch.inference`) and the Grain
+source read the patcher through its public properties.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import warnings
+from collections.abc import Hashable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
+
+import numpy as np
+import xarray as xr
+from numpy.typing import DTypeLike
+
+from xpatch import inference, predictions, views
+from xpatch.cf import valid_cells
+from xpatch.core.apply import BatchFunction
+from xpatch.core.chunk_cache import DEFAULT_CACHE_BYTES
+from xpatch.core.errors import DimensionError, GeometryError, OptionError, UncoveredCellsWarning
+from xpatch.core.extract import check_pad_value
+from xpatch.core.geometry import Boundary, Geometry
+from xpatch.core.overlap_add import BlendWindow, Reduction
+from xpatch.core.plan import ChunkGrid, Plan, auto_grid, max_group_size
+from xpatch.core.samplers import AtLabels, RegularGrid, Sampler, anchor_array
+from xpatch.core.validity import window_sums
+from xpatch.core.windows import WindowSpec, make_window
+from xpatch.geo import AtPoints, InBounds, patch_bounds, patch_transforms
+from xpatch.variables import is_dask_backed, patched_variables
+
+if TYPE_CHECKING:
+    from xpatch.grain import PatchSource
+
+T = TypeVar("T", xr.DataArray, xr.Dataset)
+
+#: A validity pass taking longer than this many seconds shows dask's progress bar.
+PROGRESS_AFTER_SECONDS = 5.0
+
+
+def _size_mapping(size: Mapping[Hashable, int] | None, size_kwargs: Mapping[str, int]) -> dict:
+    if size is not None and size_kwargs:
+        raise OptionError(
+            f"the patch size was given twice: size={size!r} and keyword arguments "
+            f"{dict(size_kwargs)!r}; use one of them."
+        )
+    size = size_kwargs if size is None else size
+    if not isinstance(size, Mapping):
+        raise OptionError(
+            f"size={size!r} must map dimension names to patch extents, "
+            "e.g. size={'y': 256, 'x': 256} or .patch(y=256, x=256)."
+        )
+    if not size:
+        raise OptionError("no patch size given: pass size={'y': 256, 'x': 256} or y=256, x=256.")
+    return dict(size)
+
+
+def plan_grid(variables: Mapping[Hashable, xr.Variable], dims, shape) -> ChunkGrid:
+    """Return the chunk grid to plan on: the input's dask chunks, else dask's auto chunks.
+
+    Per patched dim, the chunks of the first dask-backed variable that has it
+    (one chunk where none has); for input in memory, the grid that
+    ``chunks="auto"`` would give the largest variable.
+    """
+    chunks: dict[Hashable, tuple[int, ...]] = {}
+    for var in variables.values():
+        if is_dask_backed(var):
+            for d in dims:
+                if d in var.dims and d not in chunks:
+                    chunks[d] = var.chunks[var.dims.index(d)]
+    if chunks:
+        return ChunkGrid.from_chunks([chunks.get(d, (n,)) for d, n in zip(dims, shape)])
+    largest = max(variables.values(), key=lambda v: v.size * v.dtype.itemsize)
+    carried = math.prod(n for d, n in largest.sizes.items() if d not in dims)
+    return auto_grid(shape, carried, largest.dtype)
+
+
+def _patch_bytes(var: xr.Variable, size: Mapping[Hashable, int]) -> int:
+    return math.prod(size.get(d, n) for d, n in var.sizes.items()) * var.dtype.itemsize
+
+
+def _locator(obj: xr.DataArray | xr.Dataset):
+    def locate(dim: Hashable, labels: np.ndarray, method: str | None) -> np.ndarray:
+        if dim not in obj.indexes:
+            raise DimensionError(
+                f"AtLabels: dimension {dim!r} has no coordinate to look labels up in; "
+                "give start indices with xpatch.Anchors instead."
+            )
+        positions = obj.indexes[dim].get_indexer(labels, method=method)
+        if (positions < 0).any():
+            missing = labels[positions < 0][:5].tolist()
+            raise GeometryError(
+                f"AtLabels: label(s) {missing} not found along {dim!r}; pass labels of the "
+                "coordinate, or method='nearest' to snap to the closest one."
+            )
+        return positions
+
+    return locate
+
+
+def valid_fraction(
+    variables: Mapping[Hashable, xr.Variable], geometry: Geometry, anchors: np.ndarray
+) -> np.ndarray:
+    """Fraction of valid (not NaN, not nodata) cells in each patch: the ``min_valid`` pass.
+
+    Reads every variable once (one dask computation for dask input, with dask's
+    progress bar when it takes longer than :data:`PROGRESS_AFTER_SECONDS`).
+    Cells past the array's edge count as invalid.
+    """
+    from dask.diagnostics import ProgressBar
+
+    dims = geometry.dims
+    counts = 0
+    per_patch = 0
+    for var in variables.values():
+        present = [d for d in dims if d in var.dims]
+        carried = [d for d in var.dims if d not in dims]
+        valid = valid_cells(var).sum(carried).transpose(*present)
+        # A variable without some patched dims is the same along them.
+        valid = valid.expand_dims({d: n for d, n in zip(dims, geometry.shape) if d not in present})
+        counts = counts + valid.transpose(*dims).data
+        per_cell = math.prod(var.sizes[d] for d in carried)
+        per_patch += per_cell * math.prod(geometry.size)
+    with ProgressBar(minimum=PROGRESS_AFTER_SECONDS):
+        inside = window_sums(counts, anchors, geometry.size)
+    return inside / per_patch
+
+
+class Patcher(Generic[T]):
+    """An immutable layout of (overlapping) patches over a DataArray or Dataset.
+
+    Parameters
+    ----------
+    obj
+        The array (or Dataset, whose data variables are patched together) to cut.
+        Numpy- or dask-backed; dask input stays lazy. A Dataset's variable that
+        has only some of the patched dims is patched along those; one with none
+        of them is carried whole.
+    size
+        Patch extent per patched dim, ``{dim: int}``. Dims not named are carried
+        whole (bands, time, variables). Or give ``**size_kwargs``.
+    stride
+        Step between patch starts: one int for all patched dims, or ``{dim: int}``.
+        Default: the size (no overlap).
+    boundary
+        ``"shift"`` (default): the last patch along a dim is moved back to end flush
+        with the edge, every cell is covered. ``"pad"``: edge patches run past the
+        edge and are padded with ``pad_value``; padded cells carry no weight.
+        ``"drop"``: incomplete patches are left out, with an
+        :class:`~xpatch.UncoveredCellsWarning` that counts the uncovered cells.
+        ``"raise"``: raise if the grid's stride does not end flush with the edge
+        (with explicit or random anchors: if a patch leaves the array).
+    window
+        Blending window for :meth:`reconstruct`: ``"boxcar"`` (default), ``"hann"``,
+        ``"triangular"``, ``"tukey"`` / ``("tukey", alpha)``, ``("gaussian", sigma)``,
+        any :func:`scipy.signal.get_window` spec, a ``{dim: spec}`` mapping, or an
+        array of the patch shape. Windows are evaluated so that they are never 0:
+        every covered cell gets positive total weight.
+    sampler
+        Where patches start: :class:`~xpatch.RegularGrid` (default),
+        :class:`~xpatch.JitteredGrid`, :class:`~xpatch.RandomAnchors`,
+        :class:`~xpatch.Anchors` (indices) or :class:`~xpatch.AtLabels`
+        (coordinate labels).
+    min_valid
+        Validity filter: keep only patches whose fraction of non-NaN values is at
+        least ``min_valid`` and above 0 (``min_valid=0`` drops all-NaN patches).
+        This reads the whole input once, when the patcher is built (a dask
+        computation for dask input, with a progress bar if it takes more than a
+        few seconds); the patcher keeps the result, pickled copies included, and
+        nothing else it does computes anything.
+    pad_value
+        Fill of padded cells with ``boundary="pad"``; default NaN for float data
+        and 0 for integer data.
+    **size_kwargs
+        The patch size as keyword arguments, ``y=256, x=256``.
+
+    Examples
+    --------
+    >>> import numpy as np, xarray as xr, xpatch
+    >>> da = xr.DataArray(np.arange(20.0).reshape(4, 5), dims=("y", "x"))
+    >>> p = da.patch(y=2, x=3, stride={"x": 2})
+    >>> len(p), p.anchors().values.tolist()
+    (4, [[0, 0], [0, 2], [2, 0], [2, 2]])
+    >>> bool(p.reconstruct(p.patches()).equals(da))
+    True
+
+    The functional form, and the seed recipe's layout (256 x 256, 32 x 32 patches,
+    stride 24): ``boundary="drop"`` leaves the remainder out and says so.
+
+    >>> import warnings
+    >>> scene = xr.DataArray(np.zeros((256, 256)), dims=("y", "x"))
+    >>> len(xpatch.patch(scene, y=32, x=32, stride=24))
+    121
+    >>> with warnings.catch_warnings(record=True) as caught:
+    ...     warnings.simplefilter("always")
+    ...     n = len(xpatch.patch(scene, y=32, x=32, stride=24, boundary="drop"))
+    >>> n, caught[0].category.__name__
+    (100, 'UncoveredCellsWarning')
+    """
+
+    __slots__ = (
+        "_geometry",
+        "_min_valid",
+        "_obj",
+        "_pad_value",
+        "_plan",
+        "_sampler",
+        "_window",
+        "_window_spec",
+    )
+
+    def __init__(
+        self,
+        obj: T,
+        size: Mapping[Hashable, int] | None = None,
+        stride: int | Mapping[Hashable, int] | None = None,
+        *,
+        boundary: Boundary = "shift",
+        window: WindowSpec | Mapping[Hashable, WindowSpec] = "boxcar",
+        sampler: Sampler | AtLabels | None = None,
+        min_valid: float | None = None,
+        pad_value: Any = None,
+        **size_kwargs: int,
+    ) -> None:
+        if not isinstance(obj, xr.DataArray | xr.Dataset):
+            raise OptionError(
+                f"obj is a {type(obj).__name__}; xpatch patches xarray.DataArray and "
+                "xarray.Dataset objects (wrap numpy arrays with xr.DataArray(arr, dims=...))."
+            )
+        size = _size_mapping(size, size_kwargs)
+        unknown = [d for d in size if d not in obj.dims]
+        if unknown:
+            raise DimensionError(
+                f"size names dimension(s) {unknown!r} that the {type(obj).__name__} does not "
+                f"have; its dimensions are {list(obj.dims)!r}."
+            )
+        dims = [d for d in obj.dims if d in size]
+        variables = patched_variables(obj, dims)
+        if not variables:
+            raise DimensionError(
+                f"no data variable of the Dataset has any of the patched dimensions {dims!r}."
+            )
+        geometry = Geometry.build({d: obj.sizes[d] for d in dims}, size, stride, boundary)
+        window_array = make_window(window, geometry.dims, geometry.size)
+        sampler = RegularGrid() if sampler is None else sampler
+        if isinstance(sampler, AtLabels):
+            sampler = sampler.resolve(_locator(obj))
+        elif isinstance(sampler, AtPoints | InBounds):
+            sampler = sampler.resolve(obj, geometry)
+        if not isinstance(sampler, Sampler):
+            raise OptionError(
+                f"sampler={sampler!r} has no anchors(geometry) method; use xpatch.RegularGrid(), "
+                "JitteredGrid, RandomAnchors, Anchors, AtLabels, AtPoints or InBounds."
+            )
+        if min_valid is not None and (
+            isinstance(min_valid, bool)
+            or not isinstance(min_valid, int | float)
+            or not 0.0 <= min_valid <= 1.0
+        ):
+            raise OptionError(
+                f"min_valid={min_valid!r} must be a fraction in [0, 1] (or None for no filter)."
+            )
+        if boundary == "pad":
+            for var in variables.values():
+                check_pad_value(pad_value, var.dtype)
+        anchors = sampler.anchors(geometry)  # boundary="raise" refuses here, before any work
+        if getattr(sampler, "covers_grid", False):
+            _warn_uncovered(geometry)
+        if min_valid is not None:
+            fraction = valid_fraction(variables, geometry, anchors)
+            anchors = anchors[(fraction > 0) & (fraction >= min_valid)]
+        lazy = any(is_dask_backed(var) for var in variables.values())
+        plan = Plan.compile(
+            anchors,
+            plan_grid(variables, dims, geometry.shape),
+            geometry.size,
+            # Explicit anchors keep the caller's order; so does input in memory.
+            keep_order=bool(getattr(sampler, "keeps_order", False)) or not lazy,
+            max_group=min(max_group_size(_patch_bytes(v, size)) for v in variables.values()),
+        )
+        for name, value in (
+            ("_obj", obj),
+            ("_geometry", geometry),
+            ("_window_spec", window),
+            ("_window", BlendWindow.of(window_array)),
+            ("_sampler", sampler),
+            ("_min_valid", min_valid),
+            ("_pad_value", pad_value),
+            ("_plan", plan),
+        ):
+            object.__setattr__(self, name, value)
+
+    # -- immutability and pickling -------------------------------------------------
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(
+            f"Patcher is immutable (cannot set {name!r}); build a new one with obj.patch(...)."
+        )
+
+    def __getstate__(self) -> dict:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+    def __setstate__(self, state: dict) -> None:
+        for name, value in state.items():
+            object.__setattr__(self, name, value)
+
+    def __repr__(self) -> str:
+        g = self._geometry
+        size = ", ".join(f"{d}: {s}" for d, s in zip(g.dims, g.size))
+        stride = ", ".join(f"{d}: {s}" for d, s in zip(g.dims, g.stride))
+        return (
+            f"<xpatch.Patcher ({len(self)} patches) size=({size}) stride=({stride}) "
+            f"boundary={g.boundary!r} window={self._window_spec!r} sampler={self._sampler!r}>"
+        )
+
+    # -- layout ---------------------------------------------------------------------
+
+    @property
+    def obj(self) -> T:
+        """The patched DataArray or Dataset."""
+        return self._obj
+
+    @property
+    def dims(self) -> tuple[Hashable, ...]:
+        """The patched dims, in the order they have in the object."""
+        return self._geometry.dims
+
+    @property
+    def size(self) -> dict[Hashable, int]:
+        """Patch extent per patched dim."""
+        return dict(zip(self.dims, self._geometry.size))
+
+    @property
+    def stride(self) -> dict[Hashable, int]:
+        """Step between patch starts per patched dim."""
+        return dict(zip(self.dims, self._geometry.stride))
+
+    @property
+    def boundary(self) -> Boundary:
+        """The boundary mode."""
+        return self._geometry.boundary
+
+    @property
+    def window(self) -> WindowSpec | Mapping[Hashable, WindowSpec]:
+        """The window spec as given (see :meth:`weights` for its values)."""
+        return self._window_spec
+
+    @property
+    def blend_window(self) -> BlendWindow:
+        """The window's values (and 1-D factors), as overlap-add takes them."""
+        return self._window
+
+    @property
+    def geometry(self) -> Geometry:
+        """The core geometry (sizes, strides, boundary) in axis terms."""
+        return self._geometry
+
+    @property
+    def sampler(self) -> Sampler:
+        """The sampler that placed the patches."""
+        return self._sampler
+
+    @property
+    def pad_value(self) -> Any:
+        """The fill of padded cells as given (None: NaN for floats, 0 for integers)."""
+        return self._pad_value
+
+    @property
+    def plan(self) -> Plan:
+        """The compiled plan: anchors by chunk, groups, boxes and the chunk grid.
+
+        Every lazy path reads it: one task per group (one group per input chunk
+        for every sampler), output blocks on its grid.
+        """
+        return self._plan
+
+    def __len__(self) -> int:
+        return len(self._plan)
+
+    def anchors(self) -> xr.DataArray:
+        """Start index of every patch along each patched dim.
+
+        The patch order: for dask input, grid and random samplers give the
+        patches chunk by chunk (grouped by the input chunk that holds their
+        anchor, chunks in C order); explicit anchors (:class:`~xpatch.Anchors`,
+        :class:`~xpatch.AtLabels`, :class:`~xpatch.AtPoints`) keep the order
+        given, and numpy input keeps the sampler's order.
+
+        Returns
+        -------
+        xarray.DataArray
+            int64, dims ``("patch", "dim")``, with ``dim`` labelled by the patched
+            dims in the order of :attr:`dims`.
+
+        Examples
+        --------
+        >>> import numpy as np, xarray as xr, xpatch
+        >>> da = xr.DataArray(np.zeros((4, 6)), dims=("y", "x"))
+        >>> da.patch(y=4, x=3).anchors().values.tolist()
+        [[0, 0], [0, 3]]
+        """
+        return xr.DataArray(
+            self._plan.anchors.copy(),
+            dims=(views.PATCH_DIM, "dim"),
+            coords={"dim": list(self.dims)},
+            name="anchors",
+        )
+
+    def bounds(self) -> xr.DataArray:
+        """Extent of every patch in map units: ``(left, bottom, right, top)``.
+
+        From the array's transform (its regularly spaced y and x coordinates, or
+        its grid mapping's ``GeoTransform``), so for a rioxarray raster on a
+        north-up (rectilinear) grid row ``i`` equals ``p[i].rio.bounds()``; for a
+        rotated grid it is the envelope of the rotated patch. Padded patches
+        extend past the array.
+
+        Returns
+        -------
+        xarray.DataArray
+            float64, dims ``("patch", "bound")`` with ``bound`` labelled
+            ``left, bottom, right, top``.
+
+        Examples
+        --------
+        >>> import numpy as np, xarray as xr, xpatch
+        >>> da = xr.DataArray(np.zeros((4, 6)), dims=("y", "x"),
+        ...                   coords={"y": [35.0, 25.0, 15.0, 5.0], "x": 5.0 + 10 * np.arange(6)})
+        >>> da.patch(y=2, x=3).bounds().values[:2].tolist()
+        [[0.0, 20.0, 30.0, 40.0], [30.0, 20.0, 60.0, 40.0]]
+        """
+        values = patch_bounds(self._obj, self.dims, self.size, self._plan.anchors)
+        return xr.DataArray(
+            values,
+            dims=(views.PATCH_DIM, "bound"),
+            coords={"bound": ["left", "bottom", "right", "top"]},
+            name="bounds",
+        )
+
+    def transforms(self) -> xr.DataArray:
+        """Affine transform of every patch, in rasterio's ``Affine(a, b, c, d, e, f)`` order.
+
+        The parent's transform translated by the patch's anchor, as rioxarray's
+        ``isel_window`` computes it: ``rasterio.Affine(*p.transforms()[i].values)``
+        is ``p[i].rio.transform()``.
+
+        Examples
+        --------
+        >>> import numpy as np, xarray as xr, xpatch
+        >>> da = xr.DataArray(np.zeros((4, 6)), dims=("y", "x"),
+        ...                   coords={"y": [35.0, 25.0, 15.0, 5.0], "x": 5.0 + 10 * np.arange(6)})
+        >>> da.patch(y=2, x=3).transforms().values[3].tolist()
+        [10.0, 0.0, 30.0, 0.0, -10.0, 20.0]
+        """
+        values = patch_transforms(self._obj, self.dims, self._plan.anchors)
+        if values is None:
+            raise GeometryError(
+                "transforms need a raster: y and x dims with regularly spaced numeric "
+                "coordinates, or a grid mapping with a GeoTransform (da.rio.write_transform())."
+            )
+        return xr.DataArray(
+            values,
+            dims=(views.PATCH_DIM, "affine"),
+            coords={"affine": list("abcdef")},
+            name="transforms",
+        )
+
+    def weights(self) -> xr.DataArray:
+        """Return the blending window over the patched dims (float64, strictly positive).
+
+        Examples
+        --------
+        >>> import numpy as np, xarray as xr, xpatch
+        >>> da = xr.DataArray(np.zeros(8), dims="t")
+        >>> da.patch(t=4, window="hann").weights().round(3).values.tolist()
+        [0.146, 0.854, 0.854, 0.146]
+        """
+        return xr.DataArray(self._window.values.copy(), dims=self.dims, name="weights")
+
+    # -- patches ----------------------------------------------------------------------
+
+    def __getitem__(self, index: int) -> T:
+        """Patch ``index`` (negative counts from the end), with its own coordinates."""
+        try:
+            position = operator.index(index)
+        except TypeError:
+            raise TypeError(
+                f"patch index {index!r} must be an int; for several patches use "
+                "p.patches().isel(patch=...)."
+            ) from None
+        anchors = self._plan.anchors
+        if not -len(anchors) <= position < len(anchors):
+            raise IndexError(f"patch index {position} is out of range for {len(anchors)} patches.")
+        return views.cut(self, anchors[position : position + 1 or None])
+
+    def patch_at(self, anchor: Sequence[int] | Mapping[Hashable, int]) -> T:
+        """Return the patch that starts at ``anchor``, with its own coordinate labels.
+
+        Parameters
+        ----------
+        anchor
+            Start index per patched dim: a sequence in the order of :attr:`dims`
+            or a ``{dim: int}`` mapping. It need not be one of :meth:`anchors`.
+
+        Examples
+        --------
+        >>> import numpy as np, xarray as xr, xpatch
+        >>> da = xr.DataArray(np.arange(10), dims="x", coords={"x": np.arange(10) * 10})
+        >>> da.patch(x=3).patch_at({"x": 4}).x.values.tolist()
+        [40, 50, 60]
+        """
+        if not isinstance(anchor, Mapping):
+            anchor = [anchor]
+        anchors = anchor_array(anchor, self._geometry, "anchor")
+        if len(anchors) != 1:
+            raise GeometryError(f"anchor={anchor!r} must be one start per patched dimension.")
+        return views.cut(self, anchors)
+
+    def patches(self) -> T:
+        """All patches stacked along a leading ``"patch"`` dim, in the order of :meth:`anchors`.
+
+        Coordinates along ``"patch"``: ``{dim}_anchor`` (start index) and
+        ``{dim}_start`` (coordinate label of the first cell) per patched dim.
+        Non-index coordinates that span patched dims are patched alongside.
+
+        For dask input the result is lazy: the patches anchored in one input
+        chunk are cut by one task that reads only the chunks they touch (a
+        bounded number of tasks per input chunk, whatever the sampler). With
+        explicit anchors in an order other than the chunks', one more task per
+        group hands them out in that order: a computation of the whole stack
+        then holds every group until the last is handed out.
+
+        Examples
+        --------
+        >>> import numpy as np, xarray as xr, xpatch
+        >>> da = xr.DataArray(np.zeros((3, 8, 8)), dims=("band", "y", "x"))
+        >>> da.patch(y=4, x=4).patches().sizes
+        Frozen({'patch': 4, 'band': 3, 'y': 4, 'x': 4})
+        """
+        return views.cut(self, None)
+
+    # -- reconstruction and inference --------------------------------------------------
+
+    def reconstruct(self, pred: T, reduce: Reduction = "mean") -> T:  # noqa: D102 (doc below)
+        return predictions.reconstruct(self, pred, reduce)
+
+    def apply(  # noqa: D102 (doc below)
+        self,
+        fn: BatchFunction,
+        batch_size: int = 64,
+        *,
+        output_dims: Mapping[Hashable, int] | None = None,
+        dtype: DTypeLike | None = None,
+        reduce: Reduction = "mean",
+        nodata: float | Literal["input"] | None = "input",
+    ) -> xr.DataArray:
+        return inference.apply(
+            self,
+            fn,
+            batch_size,
+            output_dims=output_dims,
+            dtype=dtype,
+            reduce=reduce,
+            nodata=nodata,
+        )
+
+    reconstruct.__doc__ = predictions.reconstruct.__doc__
+    apply.__doc__ = inference.apply.__doc__
+
+    # -- training pipelines -----------------------------------------------------------
+
+    def to_grain(
+        self,
+        *,
+        variables: Sequence[Hashable] | None = None,
+        cache_bytes: int = DEFAULT_CACHE_BYTES,
+        transform: bool = False,
+    ) -> PatchSource:
+        """Serve the patches as a Grain ``RandomAccessDataSource`` (or PyTorch dataset).
+
+        Item ``i`` is a dict of numpy arrays: ``"data"`` (or one entry per Dataset
+        variable), ``"weights"``, ``"anchor"`` and ``"index"`` (and the patch's
+        ``"transform"`` with ``transform=True``). Dask input is read chunk by chunk
+        through a cache of ``cache_bytes`` per process; building the source computes
+        nothing. See :class:`xpatch.grain.PatchSource`.
+
+        Examples
+        --------
+        >>> import numpy as np, xarray as xr, xpatch
+        >>> scene = xr.DataArray(np.zeros((3, 64, 64), "float32"), dims=("band", "y", "x"))
+        >>> src = scene.chunk(x=32, y=32).patch(y=32, x=32, stride=16).to_grain()
+        >>> len(src), src[0]["data"].shape, src[0]["anchor"].tolist()
+        (9, (3, 32, 32), [0, 0])
+        """
+        from xpatch.grain import PatchSource
+
+        return PatchSource(self, variables=variables, cache_bytes=cache_bytes, transform=transform)
+
+
+def _warn_uncovered(geometry: Geometry) -> None:
+    uncovered = geometry.uncovered_grid_cells()
+    if not uncovered:
+        return
+    total = int(np.prod(geometry.shape, dtype=np.float64))
+    size = dict(zip(geometry.dims, geometry.size))
+    stride = dict(zip(geometry.dims, geometry.stride))
+    warnings.warn(
+        f"{uncovered} of {total} cells ({uncovered / total:.1%}) along "
+        f"{list(geometry.dims)!r} are covered by no patch (boundary={geometry.boundary!r}, "
+        f"size={size}, stride={stride}); they reconstruct to NaN. "
+        "Use boundary='shift' or 'pad', or a stride <= size, to cover every cell.",
+        UncoveredCellsWarning,
+        stacklevel=4,
+    )
+
+
+#: The functional form of ``obj.patch(...)``: ``xpatch.patch(obj, size, stride, ...)``.
+patch = Patcher

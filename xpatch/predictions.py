@@ -1,0 +1,252 @@
+"""Predictions back on the grid: their checks, their order, and the result's coordinates.
+
+:func:`reconstruct` is ``Patcher.reconstruct``: it checks the predictions
+against the patcher, matches them to the anchors (by their ``{dim}_anchor``
+coordinates when they carry them), puts each variable back along the patched
+dims it has (:func:`~xpatch.core.overlap_add.overlap_add` in memory,
+:func:`~xpatch.core.overlap_add.overlap_add_dask` on the plan for dask), then
+applies the nodata rules of :mod:`xpatch.cf`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import dask.array as da
+import numpy as np
+import xarray as xr
+
+from xpatch.cf import missing_as_nan, reconstructed
+from xpatch.core.errors import DimensionError, PredictionError
+from xpatch.core.overlap_add import (
+    BlendWindow,
+    Reduction,
+    check_reduction,
+    overlap_add,
+    overlap_add_dask,
+)
+from xpatch.core.windows import marginal_window
+from xpatch.geo import grid_mapping_name
+from xpatch.views import PATCH_DIM
+
+if TYPE_CHECKING:
+    from xpatch.patcher import Patcher
+
+
+def first_surplus(given: np.ndarray, expected: np.ndarray) -> int:
+    """Index of the first row of ``given`` that ``expected`` lacks (or has fewer of).
+
+    Examples
+    --------
+    >>> first_surplus(np.array([[1], [2], [2]]), np.array([[2], [1], [3]]))
+    2
+    """
+    remaining: dict[tuple, int] = {}
+    for row in map(tuple, expected.tolist()):
+        remaining[row] = remaining.get(row, 0) + 1
+    for i, row in enumerate(map(tuple, given.tolist())):
+        remaining[row] = remaining.get(row, 0) - 1
+        if remaining[row] < 0:
+            return i
+    return 0
+
+
+def check_prediction(
+    p: Patcher, pred: xr.DataArray, label: str, required: Sequence[Hashable]
+) -> np.ndarray | None:
+    """Check ``pred`` against the patcher; return the row of ``pred`` holding each patch.
+
+    ``required`` are the patched dims it must have. None when row ``i`` holds
+    patch ``i``.
+    """
+    n = len(p)
+    if PATCH_DIM not in pred.dims:
+        raise PredictionError(
+            f"{label} has dims {pred.dims}; it needs a {PATCH_DIM!r} dim with one entry per "
+            "patch, in the order of p.anchors()."
+        )
+    if pred.sizes[PATCH_DIM] != n:
+        raise PredictionError(
+            f"{label} has {pred.sizes[PATCH_DIM]} patches along {PATCH_DIM!r}; this patcher "
+            f"has {n}. Predict on p.patches() (or on every p[i]) and keep all of them."
+        )
+    missing = [d for d in required if d not in pred.dims]
+    if missing:
+        raise DimensionError(
+            f"{label} lacks the patched dimension(s) {missing!r}; its dims are "
+            f"{pred.dims}. Keep the patched dims {list(required)!r} (rename them back "
+            "if the model renamed them)."
+        )
+    got = {d: pred.sizes[d] for d in p.dims if d in pred.dims}
+    expected = {d: p.size[d] for d in got}
+    if got != expected:
+        raise PredictionError(
+            f"{label} has patch shape {got}; this patcher's patches are {expected}. "
+            "Predictions must keep the patch size (crop or resize them back)."
+        )
+    return prediction_rows(p, pred, label)
+
+
+def prediction_rows(p: Patcher, pred: xr.DataArray, label: str) -> np.ndarray | None:
+    """Row of ``pred`` holding each patch, from its ``{dim}_anchor`` coords.
+
+    None when they carry no anchors or are already in order. Predictions gathered
+    out of order (from a shuffled pipeline) are matched back by anchor.
+    """
+    anchor_coords = [f"{d}_anchor" for d in p.dims]
+    if not all(c in pred.coords for c in anchor_coords):
+        return None
+    given = np.stack([np.asarray(pred[c].values) for c in anchor_coords], axis=1)
+    mine = p.plan.anchors
+    if np.array_equal(given, mine):
+        return None
+    mine_order = np.lexsort(mine.T[::-1])
+    given_order = np.lexsort(given.T[::-1])
+    if (given[given_order] != mine[mine_order]).any():
+        i = first_surplus(given, mine)
+        raise PredictionError(
+            f"{label} patch {i} carries anchor {given[i].tolist()}, which is not an anchor "
+            "of this patcher (or appears more often than in it): the predictions come from "
+            "another patcher. Predict on this patcher's p.patches()."
+        )
+    rows = np.empty_like(mine_order)
+    rows[mine_order] = given_order
+    return rows
+
+
+def reconstruct_variable(
+    p: Patcher,
+    pred: xr.DataArray,
+    rows: np.ndarray | None,
+    template: xr.Variable | None,
+    reduce: Reduction,
+) -> xr.Variable:
+    """Overlap-add one prediction variable along the patched dims it has."""
+    present = [d for d in p.dims if d in pred.dims]
+    columns = [p.dims.index(d) for d in present]
+    lead = [d for d in pred.dims if d != PATCH_DIM and d not in p.dims]
+    data = missing_as_nan(pred).transpose(PATCH_DIM, *lead, *present).data
+    plan = p.plan if len(columns) == len(p.dims) else p.plan.project(columns)
+    window = p.blend_window
+    if len(columns) < len(p.dims):
+        window = BlendWindow.of(marginal_window(window.values, columns))
+    if isinstance(data, da.Array):
+        out = overlap_add_dask(data, plan, window, reduce, rows=rows)
+    else:
+        # Row r holds patch inverse[r]: place the rows where they are, uncopied.
+        anchors = plan.anchors if rows is None else plan.anchors[np.argsort(rows)]
+        out = overlap_add(np.asarray(data), anchors, plan.grid.shape, window, reduce)
+    result = xr.Variable((*lead, *present), out)
+    if template is not None and set(result.dims) == set(template.dims):
+        result = result.transpose(*template.dims)
+    return result
+
+
+def output_coords(p: Patcher, pred: xr.DataArray | xr.Dataset, sizes: Mapping) -> dict:
+    """Coordinates of the result: the prediction's (off the patch axes), then the input's."""
+    dims = set(p.dims)
+    coords: dict[Hashable, xr.Variable] = {}
+    # The input's grid mapping describes the output grid; a prediction's may be
+    # one patch's (with that patch's transform).
+    grid_mapping = grid_mapping_name(p.obj)
+    for name, coord in pred.coords.items():
+        if name == grid_mapping:
+            continue
+        if PATCH_DIM not in coord.dims and not dims & set(coord.dims):
+            coords[name] = coord.variable
+    for name, coord in p.obj.coords.items():
+        fits = all(sizes.get(d) == p.obj.sizes[d] for d in coord.dims)
+        if name not in coords and fits:
+            coords[name] = coord.variable
+    return coords
+
+
+def _template(p: Patcher, name: Hashable) -> xr.Variable | None:
+    obj = p.obj
+    if isinstance(obj, xr.DataArray):
+        return obj.variable
+    return obj[name].variable if name in obj.data_vars else None
+
+
+def _required(p: Patcher, template: xr.Variable | None) -> list[Hashable]:
+    if template is None:
+        return list(p.dims)
+    return [d for d in p.dims if d in template.dims]
+
+
+def reconstruct(p: Patcher, pred: Any, reduce: Reduction = "mean") -> Any:
+    """Put per-patch results back on the original grid by weighted overlap-add.
+
+    Parameters
+    ----------
+    pred
+        Per-patch results with a ``"patch"`` dim (in the order of
+        :meth:`anchors`) and every patched dim at patch size. Other dims are
+        free: ``"class"`` scores instead of ``"band"`` values are fine. A
+        Dataset (for a Dataset patcher) reconstructs each variable that has a
+        ``"patch"`` dim and keeps the others.
+    reduce
+        ``"mean"`` (default): Σ w·x / Σ w with the patcher's window.
+        ``"sum"``: Σ w·x. ``"max"`` / ``"min"``: over the covering patches,
+        unweighted.
+
+    Returns
+    -------
+    DataArray or Dataset
+        On the input's grid, with its coordinates and attributes. Float32 for
+        half/single precision input, float64 otherwise (accumulated in that
+        dtype). NaN predictions are skipped; cells that no valid prediction
+        covers are NaN. Lazy (dask) if ``pred`` is.
+
+    Examples
+    --------
+    >>> import numpy as np, xarray as xr, xpatch
+    >>> da = xr.DataArray(np.arange(6.0), dims="x")
+    >>> p = da.patch(x=4, stride=2, window="hann")
+    >>> p.reconstruct(p.patches() * 2).values.tolist()
+    [0.0, 2.0, 4.0, 6.0, 8.0, 10.0]
+    >>> p.reconstruct(p.patches(), reduce="max").values.tolist()
+    [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+    """
+    reduce = check_reduction(reduce)
+    obj = p.obj
+    if isinstance(pred, xr.DataArray):
+        template = _template(p, pred.name)
+        rows = check_prediction(p, pred, "pred", _required(p, template))
+        result = reconstruct_variable(p, pred, rows, template, reduce)
+        attrs = obj.attrs if isinstance(obj, xr.DataArray) else dict(pred.attrs)
+        variable = reconstructed(result, template, attrs)
+        coords = output_coords(p, pred, dict(zip(variable.dims, variable.shape)))
+        out = xr.DataArray(variable, coords=coords, name=pred.name)
+        out.encoding.update(variable.encoding)  # a DataArray does not take a Variable's
+        return out
+    if isinstance(pred, xr.Dataset):
+        if not isinstance(obj, xr.Dataset):
+            raise PredictionError(
+                "pred is a Dataset but this patcher cuts a DataArray; pass a DataArray "
+                "(or patch a Dataset)."
+            )
+        patched = [name for name, v in pred.data_vars.items() if PATCH_DIM in v.dims]
+        if not patched:
+            raise PredictionError(
+                f"pred has no data variable with a {PATCH_DIM!r} dim; its variables are "
+                f"{list(pred.data_vars)!r}."
+            )
+        variables = {}
+        for name, var in pred.data_vars.items():
+            if name not in patched:
+                variables[name] = var.variable
+                continue
+            template = _template(p, name)
+            rows = check_prediction(p, var, f"pred[{name!r}]", _required(p, template))
+            result = reconstruct_variable(p, var, rows, template, reduce)
+            attrs = obj[name].attrs if name in obj.data_vars else var.attrs
+            variables[name] = reconstructed(result, template, attrs)
+        sizes = {d: n for v in variables.values() for d, n in zip(v.dims, v.shape)}
+        coords = output_coords(p, pred, sizes)
+        return xr.Dataset(variables, coords=coords, attrs=obj.attrs)
+    raise PredictionError(
+        f"pred is a {type(pred).__name__}; pass an xarray.DataArray with a {PATCH_DIM!r} dim "
+        "and the patched dims, e.g. p.patches() or xr.DataArray(arr, dims=...)."
+    )

@@ -1,0 +1,124 @@
+"""Patches as xarray objects: one patch with its own labels, or the whole stack.
+
+The views of a :class:`~xpatch.Patcher`: every patched variable is cut along
+the patched dims it has (:func:`extract_variable`), coordinates that span the
+patched dims are cut alongside, and one patch carries its own transform.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import xarray as xr
+
+from xpatch.core.errors import GeometryError
+from xpatch.core.extract import check_pad_value, extract_dask, extract_numpy
+from xpatch.core.plan import ChunkGrid, Plan
+from xpatch.geo import grid_mapping_name, patch_transforms, to_gdal, with_transform
+from xpatch.variables import is_dask_backed, patched_columns, patched_variables
+
+if TYPE_CHECKING:
+    from xpatch.patcher import Patcher
+
+PATCH_DIM = "patch"
+
+
+def extended_labels(values: np.ndarray, start: int, size: int) -> np.ndarray:
+    """Coordinate labels of ``[start, start + size)``, extrapolated past the end.
+
+    Examples
+    --------
+    >>> extended_labels(np.array([0.0, 10.0, 20.0]), 1, 4).tolist()
+    [10.0, 20.0, 30.0, 40.0]
+    """
+    inside = values[start : start + size]
+    missing = size - len(inside)
+    if missing == 0:
+        return inside
+    if len(values) >= 2 and (
+        np.issubdtype(values.dtype, np.number) or np.issubdtype(values.dtype, np.datetime64)
+    ):
+        step = values[-1] - values[-2]
+        return np.concatenate([inside, values[-1] + step * np.arange(1, missing + 1)])
+    fill = np.array([None] * missing, dtype=object)
+    return np.concatenate([inside.astype(object), fill])
+
+
+def extract_variable(
+    p: Patcher, var: xr.Variable, anchors: np.ndarray | None, pad_value: Any
+) -> Any:
+    """Stack the patches of one variable along the patched dims it has.
+
+    ``anchors=None`` cuts every patch of the plan (lazily, group by group, for
+    dask input); otherwise the patches at ``anchors`` (a few: ``p[i]``).
+    Returns ``(n, *var.shape)`` with the patched axes at patch size.
+    """
+    columns, axes = patched_columns(var, p.dims)
+    size = [p.geometry.size[j] for j in columns]
+    pad_value = check_pad_value(pad_value, var.dtype)
+    if anchors is None:
+        plan = p.plan.project(columns)
+    else:
+        grid = ChunkGrid.from_chunks(
+            [var.chunks[ax] if var.chunks else (var.shape[ax],) for ax in axes]
+        )
+        plan = Plan.compile(anchors[:, columns], grid, size, keep_order=True)
+    if is_dask_backed(var):
+        return extract_dask(var.data, axes, plan, pad_value)
+    return extract_numpy(np.asarray(var.data), axes, plan.anchors, size, pad_value)
+
+
+def cut(p: Patcher, anchors: np.ndarray | None) -> Any:
+    """Return the patches at ``anchors`` (one, unstacked), or all of them stacked (``None``)."""
+    obj = p.obj
+    dims = set(p.dims)
+    stacked = anchors is None
+    at = p.plan.anchors if stacked else anchors
+
+    def place(var: xr.Variable, data: Any) -> xr.Variable:
+        if stacked:
+            return xr.Variable((PATCH_DIM, *var.dims), data, var.attrs)
+        return xr.Variable(var.dims, data[0], var.attrs)
+
+    variables: dict[Hashable, xr.Variable] = {
+        name: place(var, extract_variable(p, var, anchors, p.pad_value))
+        for name, var in patched_variables(obj, p.dims).items()
+    }
+    coords: dict[Hashable, Any] = {}
+    for name, coord in obj.coords.items():
+        if not dims & set(coord.dims):
+            coords[name] = coord.variable
+        elif name in dims and stacked:
+            column = at[:, p.dims.index(name)]
+            coords[f"{name}_start"] = (PATCH_DIM, coord.values[column], coord.attrs)
+        elif name in dims:
+            start = int(at[0, p.dims.index(name)])
+            labels = extended_labels(coord.values, start, p.size[name])
+            coords[name] = xr.Variable(name, labels, coord.attrs)
+        else:
+            coords[name] = place(coord.variable, extract_variable(p, coord.variable, anchors, None))
+    transforms = None
+    if grid_mapping_name(obj) is not None:
+        try:
+            transforms = patch_transforms(obj, p.dims, at)
+        except GeometryError:  # irregular labels: no single transform to carry
+            transforms = None
+    if stacked:
+        for j, d in enumerate(p.dims):
+            coords[f"{d}_anchor"] = (PATCH_DIM, at[:, j].copy())
+        if transforms is not None:
+            coords["geotransform"] = (PATCH_DIM, [to_gdal(t) for t in transforms])
+    if isinstance(obj, xr.DataArray):
+        (data,) = variables.values()
+        result = xr.DataArray(data, coords=coords, name=obj.name, attrs=obj.attrs)
+    else:
+        for name, var in obj.data_vars.items():
+            variables.setdefault(name, var.variable)
+        ordered = {name: variables[name] for name in obj.data_vars}
+        result = xr.Dataset(ordered, coords=coords, attrs=obj.attrs)
+    if not stacked and transforms is not None:
+        # One patch: its grid mapping says where it is, as rioxarray's isel_window does.
+        result = with_transform(result, tuple(transforms[0].tolist()))
+    return result
