@@ -86,8 +86,16 @@ def lazy_input(shape: tuple[int, ...], chunks: tuple[int, ...], dims: tuple[str,
 
 
 def graph_keys(obj: xr.DataArray) -> set:
-    """The keys of a dask-backed DataArray's materialised graph."""
-    return set(dict(obj.data.__dask_graph__()))
+    """The keys of a dask-backed DataArray's materialised graph, its lazy coordinates' too.
+
+    ``pred.chunk(patch=1)`` chunks the ``{dim}_anchor`` coordinates as well; their
+    tasks are the prediction's, not the reconstruction's.
+    """
+    keys = set(dict(obj.data.__dask_graph__()))
+    for coord in obj.coords.values():
+        if coord.chunks is not None:
+            keys |= set(dict(coord.data.__dask_graph__()))
+    return keys
 
 
 class RefusingScheduler:

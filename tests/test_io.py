@@ -11,6 +11,7 @@ import xarray as xr
 import zarr
 
 import xpatch
+import xpatch.waves
 from xpatch.io import progress_record
 
 
@@ -352,8 +353,8 @@ def test_a_write_in_waves_runs_each_patch_through_fn_once(
 ):
     # One block row per wave (4 waves), or everything in one wave: the overhang
     # pieces carried from wave to wave spare recomputing any patch group.
-    monkeypatch.setattr(xpatch.io, "BLOCKS_PER_THREAD", blocks_per_thread)
-    monkeypatch.setattr(xpatch.io, "worker_count", lambda: 1)
+    monkeypatch.setattr(xpatch.waves, "BLOCKS_PER_THREAD", blocks_per_thread)
+    monkeypatch.setattr(xpatch.waves, "worker_count", lambda: 1)
     p = patcher(lazy)
     fn = Affine()
     with dask.config.set(scheduler="synchronous"):
@@ -365,8 +366,8 @@ def test_a_write_in_waves_runs_each_patch_through_fn_once(
 def test_waves_follow_the_output_layout_whatever_its_dim_order(lazy, tmp_path, monkeypatch):
     # Bands last: the result is transposed back to (y, x, band); 3 waves of 2
     # blocks per row of 4, so overhangs cross waves within a row and across rows.
-    monkeypatch.setattr(xpatch.io, "BLOCKS_PER_THREAD", 2)
-    monkeypatch.setattr(xpatch.io, "worker_count", lambda: 1)
+    monkeypatch.setattr(xpatch.waves, "BLOCKS_PER_THREAD", 2)
+    monkeypatch.setattr(xpatch.waves, "worker_count", lambda: 1)
     bands_last = lazy.transpose("y", "x", "band")
     p = patcher(bands_last)
     fn = Affine()
@@ -380,8 +381,8 @@ def test_waves_follow_the_output_layout_whatever_its_dim_order(lazy, tmp_path, m
 
 
 def test_several_variables_are_written_in_waves(lazy, tmp_path, monkeypatch):
-    monkeypatch.setattr(xpatch.io, "BLOCKS_PER_THREAD", 1)
-    monkeypatch.setattr(xpatch.io, "worker_count", lambda: 1)
+    monkeypatch.setattr(xpatch.waves, "BLOCKS_PER_THREAD", 1)
+    monkeypatch.setattr(xpatch.waves, "worker_count", lambda: 1)
     p = patcher(lazy)
     both = xr.Dataset({"a": p.apply(Affine()), "b": p.reconstruct(p.patches(), reduce="max")})
     with dask.config.set(scheduler="synchronous"):
@@ -396,7 +397,7 @@ def test_a_result_that_mixes_distant_blocks_is_written_in_one_computation(
 ):
     # Every block of r / r.max() needs every block: waves would recompute it all.
     waves = []
-    monkeypatch.setattr(xpatch.io, "_run_in_waves", lambda *a, **k: waves.append(1))
+    monkeypatch.setattr(xpatch.waves, "run_in_waves", lambda *a, **k: waves.append(1))
     p = patcher(lazy)
     fn = Affine()
     result = p.apply(fn)
@@ -410,9 +411,9 @@ def test_a_result_that_mixes_distant_blocks_is_written_in_one_computation(
 
 def test_apply_results_are_written_in_waves(lazy, tmp_path, monkeypatch):
     calls = []
-    real = xpatch.io._run_in_waves
+    real = xpatch.waves.run_in_waves
     monkeypatch.setattr(
-        xpatch.io, "_run_in_waves", lambda *a, **k: calls.append(1) or real(*a, **k)
+        xpatch.waves, "run_in_waves", lambda *a, **k: calls.append(1) or real(*a, **k)
     )
     xpatch.write(patcher(lazy).apply(Affine()), tmp_path / "o.zarr", progress=False)
     assert calls == [1]

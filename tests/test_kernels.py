@@ -14,7 +14,8 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from xpatch.core.overlap_add import overlap_add, overlap_add_dask
+from xpatch.core.overlap_add import overlap_add
+from xpatch.core.partials import overlap_add_dask
 from xpatch.core.plan import ChunkGrid, Plan
 
 

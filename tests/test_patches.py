@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dask.array as dsa
 import numpy as np
 import pytest
 import xarray as xr
@@ -113,7 +114,12 @@ def test_predictions_in_another_order_are_matched_back_by_anchor(scene):
     p = scene.patch(y=16, x=20, stride=12)
     shuffled = p.patches().isel(patch=np.random.default_rng(0).permutation(len(p)))
     np.testing.assert_allclose(p.reconstruct(shuffled), scene)
-    np.testing.assert_allclose(p.reconstruct(shuffled.chunk({"patch": 3})), scene)
+    lazy_data = shuffled.copy(data=dsa.from_array(shuffled.values, chunks=3))
+    np.testing.assert_allclose(p.reconstruct(lazy_data), scene)
+    # Lazy anchor coordinates (.chunk chunks them too) are checked, not read: reading
+    # them would compute while building. Out of order, the computation says so.
+    with pytest.raises(xpatch.PredictionError, match=r"lazy .*_anchor coordinates"):
+        p.reconstruct(shuffled.chunk({"patch": 3})).compute()
     as_dataset = xr.Dataset({"a": shuffled, "b": shuffled * 2})
     np.testing.assert_allclose(p.reconstruct(as_dataset["b"]), scene * 2)
 

@@ -1,15 +1,20 @@
-"""The ``xpatch`` command.
+"""The ``xpatch`` command: its entry point, its parser and ``xpatch demo``.
+
+:func:`main` (the ``xpatch`` console script, and ``python -m xpatch``) parses the
+command line with :func:`build_parser` and runs the command.
 
 ``xpatch apply INPUT OUTPUT --fn module:function ...`` runs sliding-window
 inference out of core: it opens a GeoTIFF, zarr store or netCDF file lazily, runs
 the function over overlapping patches in batches, blends the results with weighted
 overlap-add and streams them to a tiled GeoTIFF or a zarr store, block by block,
 with a progress bar; an interrupted run started again redoes only the blocks it
-had not written.
+had not written. Its options and implementation live in :mod:`xpatch.cli_apply`;
+what the commands share (argument types, usage errors) in :mod:`xpatch.cli_common`.
 
 ``xpatch demo`` runs the whole story on a synthetic scene built in memory (no
 download): patch it, ``apply`` a small model with a Hann window, write the result
-to zarr, read it back and check it against the model run on the whole scene.
+to zarr, read it back and check it against the model run on the whole scene. This
+module owns it: the scene, the toy model, the run, its checks and its summary.
 
 Examples
 --------
@@ -25,8 +30,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
-import importlib.util
 import sys
 import tempfile
 import threading
@@ -42,6 +45,10 @@ import xarray as xr
 from dask.callbacks import Callback
 
 import xpatch
+from xpatch.cli_apply import add_apply_command, run_apply
+from xpatch.cli_apply import load_function as load_function
+from xpatch.cli_apply import open_input as open_input
+from xpatch.cli_common import format_sizes, non_negative_int, positive_int, usage_error
 from xpatch.core.errors import XPatchError
 
 DemoWindow = Literal["boxcar", "hann", "triangular", "tukey"]
@@ -338,10 +345,6 @@ def run_demo(
         )
 
 
-def _sizes(sizes: dict) -> str:
-    return ", ".join(f"{dim}: {n}" for dim, n in sizes.items())
-
-
 def format_summary(result: DemoResult, kept: bool = False) -> str:
     """Render a :class:`DemoResult` as the human summary ``xpatch demo`` prints.
 
@@ -367,8 +370,8 @@ def format_summary(result: DemoResult, kept: bool = False) -> str:
     where = str(result.output) if kept else "a temporary zarr store (removed)"
     lines = [
         "xpatch demo: synthetic scene, no download",
-        f"  scene       {scene.name} ({_sizes(dict(scene.sizes))}) {scene.dtype}",
-        f"  chunks      ({_sizes(chunk_sizes)}), {n_chunks} chunk{plural}",
+        f"  scene       {scene.name} ({format_sizes(dict(scene.sizes))}) {scene.dtype}",
+        f"  chunks      ({format_sizes(chunk_sizes)}), {n_chunks} chunk{plural}",
         f"  patches     {len(p)} patches of {size}, stride {stride}, "
         f"window {p.window!r}, boundary {p.boundary!r}",
         f"  apply       toy model on {result.patches_seen} patches in {result.model_calls} "
@@ -383,195 +386,6 @@ def format_summary(result: DemoResult, kept: bool = False) -> str:
         f"checks {result.check_seconds:.2f} s",
     ]
     return "\n".join(lines)
-
-
-def _int_at_least(minimum: int):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"{value} must be >= {minimum}")
-        return value
-
-    return parse
-
-
-_positive_int = _int_at_least(1)
-_non_negative_int = _int_at_least(0)
-
-
-def _usage_error(command: str, message: str) -> int:
-    print(f"xpatch {command}: error: {message}", file=sys.stderr)
-    return 2
-
-
-# -- xpatch apply -------------------------------------------------------------------------
-
-
-def load_function(spec: str) -> Callable[[np.ndarray], np.ndarray]:
-    """Import ``module:function`` or ``path/to/file.py:function``.
-
-    Examples
-    --------
-    >>> load_function("numpy:negative") is np.negative
-    True
-    """
-    module_name, sep, attribute = spec.rpartition(":")
-    if not sep or not module_name or not attribute:
-        raise ValueError(f"--fn {spec!r} must be 'module:function' or 'path/to/file.py:function'.")
-    if module_name.endswith(".py"):
-        path = Path(module_name)
-        if not path.is_file():
-            raise ValueError(f"--fn {spec!r}: no file {module_name!r}.")
-        module_spec = importlib.util.spec_from_file_location(path.stem, path)
-        module = importlib.util.module_from_spec(module_spec)  # type: ignore[arg-type]
-        sys.modules[path.stem] = module
-        module_spec.loader.exec_module(module)  # type: ignore[union-attr]
-    else:
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError as error:
-            raise ValueError(f"--fn {spec!r}: cannot import {module_name!r} ({error}).") from None
-    fn = getattr(module, attribute, None)
-    if not callable(fn):
-        raise ValueError(f"--fn {spec!r}: {module_name!r} has no function {attribute!r}.")
-    return fn
-
-
-def open_input(path: str | Path, variable: str | None = None, chunks: int = 1024) -> xr.DataArray:
-    """Open a GeoTIFF, zarr store or netCDF file lazily as one DataArray.
-
-    GeoTIFFs need the ``geo`` extra (rioxarray) and are read in ``chunks`` x
-    ``chunks`` blocks with all bands. A file holding several variables needs
-    ``variable``.
-    """
-    path = Path(path)
-    suffix = path.suffix.lower()
-    if not path.exists():
-        raise ValueError(f"INPUT {str(path)!r} does not exist.")
-    if suffix in (".tif", ".tiff"):
-        try:
-            import rioxarray
-        except ImportError:
-            raise ValueError(
-                "reading GeoTIFF needs rioxarray: pip install 'xarray-patch[geo]'."
-            ) from None
-        opened = rioxarray.open_rasterio(path, chunks={"band": -1, "y": chunks, "x": chunks})
-        if isinstance(opened, list):  # pragma: no cover - multi-subdataset files
-            raise ValueError(f"INPUT {str(path)!r} holds several subdatasets; convert it first.")
-        return opened
-    if suffix == ".zarr" or (path / "zarr.json").exists() or (path / ".zgroup").exists():
-        dataset = xr.open_zarr(path)
-    elif suffix in (".nc", ".nc4", ".netcdf", ".h5"):
-        dataset = xr.open_dataset(path, chunks={})
-    else:
-        raise ValueError(f"INPUT {str(path)!r}: unknown format; give a .tif, .zarr or .nc file.")
-    if isinstance(dataset, xr.DataArray):  # pragma: no cover - defensive
-        return dataset
-    names = list(dataset.data_vars)
-    if variable is None:
-        if len(names) != 1:
-            raise ValueError(
-                f"INPUT {str(path)!r} holds variables {names}; pick one with --variable."
-            )
-        variable = names[0]
-    if variable not in names:
-        raise ValueError(f"--variable {variable!r} is not in {str(path)!r}; it holds {names}.")
-    return dataset[variable]
-
-
-def _output_dims(text: str | None) -> dict[str, int] | None:
-    if text is None:
-        return None
-    if text == "":
-        return {}
-    dims = {}
-    for item in text.split(","):
-        name, sep, size = item.partition("=")
-        if not sep or not name or not size.isdigit() or int(size) < 1:
-            raise ValueError(
-                f"--output-dims {text!r} must look like 'class=5' or 'class=5,time=2' "
-                "(or '' for none)."
-            )
-        dims[name.strip()] = int(size)
-    return dims
-
-
-def run_apply(args: argparse.Namespace) -> int:
-    """Carry out ``xpatch apply`` (see :func:`build_parser` for the options).
-
-    Problems with the options or the input exit with status 2 and a message, as
-    do outputs that exist and predictions that break their declaration. An
-    exception raised by the user's function while computing propagates with its
-    traceback.
-    """
-    try:
-        p, result, dims, stride = _plan_apply(args)
-    except (XPatchError, ValueError, ImportError) as error:
-        return _usage_error("apply", str(error))
-    name = Path(args.output).stem if result.name is None else result.name
-    start = time.perf_counter()
-    try:
-        blocks = xpatch.write(
-            result.rename(name),
-            args.output,
-            resume=not args.restart,
-            overwrite=args.restart,
-            progress=not args.no_progress,
-        )
-    except FileExistsError:
-        return _usage_error(
-            "apply",
-            f"OUTPUT {args.output!r} exists and is complete; pass --restart to replace it, or "
-            "choose another OUTPUT.",
-        )
-    except XPatchError as error:
-        return _usage_error("apply", str(error))
-    seconds = time.perf_counter() - start
-    print(
-        f"xpatch apply: {len(p)} patches of {args.size} along {dims}, stride {stride}, "
-        f"window {args.window!r}; wrote {blocks} blocks of {name} "
-        f"({_sizes(dict(result.sizes))}) {result.dtype} to {args.output} in {seconds:.1f} s"
-    )
-    return 0
-
-
-def _nodata(text: str) -> float | str | None:
-    """``--nodata``: 'input', 'none' or a number (nan included)."""
-    if text in ("input", "none"):
-        return None if text == "none" else text
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not 'input', 'none' or a number (e.g. -9999 or nan)"
-        ) from None
-
-
-def _plan_apply(args: argparse.Namespace) -> tuple:
-    """Open the input and build the lazy result: ``(patcher, result, dims, stride)``."""
-    fn = load_function(args.fn)
-    data = open_input(args.input, args.variable, args.chunks)
-    dims = args.dims.split(",") if args.dims else [d for d in ("y", "x") if d in data.dims]
-    if not dims:
-        dims = list(data.dims[-2:])
-    missing = [d for d in dims if d not in data.dims]
-    if missing:
-        raise ValueError(f"--dims {args.dims!r}: {missing} not in the input's dims {data.dims}.")
-    data = data.chunk({d: (args.chunks if d in dims else -1) for d in data.dims})
-    stride = args.stride if args.stride is not None else args.size
-    p = data.patch({d: args.size for d in dims}, stride, window=args.window, boundary=args.boundary)
-    result = p.apply(
-        fn,
-        batch_size=args.batch_size,
-        output_dims=_output_dims(args.output_dims),
-        dtype=args.dtype,
-        reduce=args.reduce,
-        nodata=args.nodata,
-    )
-    return p, result, dims, stride
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -595,72 +409,22 @@ def build_parser() -> argparse.ArgumentParser:
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    demo.add_argument("--size", type=_positive_int, default=128, help="patch extent along y and x")
+    demo.add_argument("--size", type=positive_int, default=128, help="patch extent along y and x")
     demo.add_argument(
-        "--stride", type=_positive_int, default=96, help="step between patch starts (<= size)"
+        "--stride", type=positive_int, default=96, help="step between patch starts (<= size)"
     )
     demo.add_argument("--window", choices=DEMO_WINDOWS, default="hann", help="blending window")
-    demo.add_argument("--chunks", type=_positive_int, default=256, help="dask chunk size along y/x")
-    demo.add_argument("--seed", type=_non_negative_int, default=0, help="seed of the scene")
+    demo.add_argument("--chunks", type=positive_int, default=256, help="dask chunk size along y/x")
+    demo.add_argument("--seed", type=non_negative_int, default=0, help="seed of the scene")
     demo.add_argument(
-        "--extent", type=_positive_int, default=1024, help="scene extent along y and x"
+        "--extent", type=positive_int, default=1024, help="scene extent along y and x"
     )
     demo.add_argument(
         "--output", default=None, help="zarr store to keep the output in (default: temporary)"
     )
     demo.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
-    apply = commands.add_parser(
-        "apply",
-        help="sliding-window inference from a GeoTIFF/zarr/netCDF file to GeoTIFF or zarr",
-        description=(
-            "Run FN over overlapping patches of INPUT (GeoTIFF, zarr or netCDF, opened lazily) "
-            "in batches, blend the results by weighted overlap-add and write them to OUTPUT "
-            "(*.tif: tiled GeoTIFF with the input's CRS and transform; *.zarr) block by block, "
-            "out of core. FN gets numpy batches (b, *other dims, *patch) and returns "
-            "(b, *output dims, *patch). An interrupted run started again writes only the "
-            "blocks it had not written."
-        ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    apply.add_argument("input", help="GeoTIFF (.tif), zarr store (.zarr) or netCDF (.nc)")
-    apply.add_argument("output", help="*.tif or *.zarr")
-    apply.add_argument(
-        "--fn", required=True, help="the batch function: module:function or file.py:function"
-    )
-    apply.add_argument("--size", type=_positive_int, required=True, help="patch extent per dim")
-    apply.add_argument("--stride", type=_positive_int, default=None, help="default: the size")
-    apply.add_argument(
-        "--window",
-        default="hann",
-        help="blending window: boxcar, hann, triangular, tukey or a scipy window name",
-    )
-    apply.add_argument("--boundary", choices=("shift", "pad", "drop", "raise"), default="shift")
-    apply.add_argument(
-        "--dims", default=None, help="patched dims, comma-separated (default: y,x or the last two)"
-    )
-    apply.add_argument(
-        "--chunks", type=_positive_int, default=1024, help="dask chunk size along patched dims"
-    )
-    apply.add_argument("--batch-size", type=_positive_int, default=32)
-    apply.add_argument(
-        "--output-dims",
-        default=None,
-        help="FN's non-patched output dims, e.g. class=5 ('' for none; default: the input's)",
-    )
-    apply.add_argument("--dtype", default=None, help="FN's output dtype (default: the input's)")
-    apply.add_argument("--reduce", choices=("mean", "sum", "max", "min"), default="mean")
-    apply.add_argument(
-        "--nodata",
-        type=_nodata,
-        default="input",
-        help="OUTPUT's nodata: 'input' (default: the input's), a number, 'nan' or 'none'",
-    )
-    apply.add_argument("--variable", default=None, help="variable of a zarr/netCDF input")
-    apply.add_argument(
-        "--restart", action="store_true", help="replace OUTPUT instead of resuming it"
-    )
-    apply.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    add_apply_command(commands)
     return parser
 
 
@@ -683,13 +447,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "apply":
         return run_apply(args)
     if args.stride > args.size:
-        return _usage_error(
+        return usage_error(
             "demo",
             f"--stride {args.stride} is larger than --size {args.size}: the cells between "
             "patches would be covered by no patch. Use a stride <= size.",
         )
     if args.size > args.extent:
-        return _usage_error(
+        return usage_error(
             "demo",
             f"--size {args.size} is larger than the scene (--extent {args.extent}); "
             "use a smaller --size or a larger --extent.",
@@ -706,7 +470,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             progress=not args.no_progress,
         )
     except XPatchError as error:
-        return _usage_error("demo", str(error))
+        return usage_error("demo", str(error))
     print(format_summary(result, kept=args.output is not None), flush=True)
     if not result.ok:
         print(

@@ -1,32 +1,27 @@
 """Write lazy results out of core, block by block, resumably, with progress.
 
 :func:`write` streams a (dask-backed) DataArray or Dataset to zarr or to a tiled
-GeoTIFF, each block as soon as it is ready. On the local threaded (or
-synchronous) scheduler the blocks are computed in waves of a few blocks, in
-row-major order; between waves only the thin pieces by which patch groups
-overhang into blocks still to come are kept. For results whose blocks follow the
-patch layout (``p.apply(...)``, ``p.reconstruct(...)``, renamed, transposed or
-combined pointwise) each patch is computed once and peak memory stays at a few
-blocks, their patch groups and one row of overhangs, whatever the size of the
-output. A result whose blocks need distant blocks (``r / r.max()``), the process
-scheduler and ``dask.distributed`` (whose memory management applies) get one
-computation. A progress record beside the output
-(``<output>.xpatch-progress/``) lists the blocks written; a run that was
-interrupted and is started again redoes only the others. The record is removed
-when the output is complete.
+GeoTIFF, each block as soon as it is ready, and :func:`compute` computes other
+results with a progress bar that fits the scheduler. This module owns the output
+formats, the progress record and the choice of how the store tasks run. On the
+local threaded (or synchronous) scheduler they run in waves of a few blocks
+(:mod:`xpatch.waves`), so that for results whose blocks follow the patch layout
+(``p.apply(...)``, ``p.reconstruct(...)``, renamed, transposed or combined
+pointwise) each patch is computed once and peak memory stays at a few blocks,
+their patch groups and one row of overhangs, whatever the size of the output. A
+result whose blocks need distant blocks (``r / r.max()``), the process scheduler
+and ``dask.distributed`` (whose memory management applies) get one computation.
+A progress record beside the output (``<output>.xpatch-progress/``) lists the
+blocks written; a run that was interrupted and is started again redoes only the
+others. The record is removed when the output is complete.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import functools
-import itertools
 import json
 import shutil
-import sys
 import threading
-import time
 import warnings
 from collections.abc import Hashable, Iterator, Sequence
 from pathlib import Path
@@ -34,21 +29,18 @@ from typing import Any, Literal
 
 import dask
 import dask.array as da
-import dask.local
 import numpy as np
 import xarray as xr
 from dask.base import tokenize
-from dask.callbacks import Callback
-from dask.core import get_dependencies
 from dask.delayed import Delayed
 from dask.highlevelgraph import HighLevelGraph
-from dask.optimization import cull
-from dask.threaded import get as threaded_get
 
+from xpatch import waves
 from xpatch.cf import file_nodata
 from xpatch.core.checks import check_choice
 from xpatch.core.errors import OptionError
-from xpatch.core.overlap_add import worker_count
+from xpatch.core.plan import block_regions
+from xpatch.waves import STORE_TASK_PREFIX
 
 Format = Literal["auto", "zarr", "geotiff"]
 FORMATS = ("auto", "zarr", "geotiff")
@@ -121,14 +113,6 @@ def compute(*collections: Any, progress: bool = True) -> tuple:
         with ProgressBar(dt=0.5):
             return dask.compute(*collections)
     return dask.compute(*collections)
-
-
-def _block_regions(chunks: Sequence[Sequence[int]]) -> Iterator[tuple[tuple, tuple]]:
-    """Every block index with its region (slices) in the whole array."""
-    starts = [np.concatenate([[0], np.cumsum(c)]).tolist() for c in chunks]
-    for index in itertools.product(*(range(len(c)) for c in chunks)):
-        region = tuple(slice(starts[a][b], starts[a][b + 1]) for a, b in enumerate(index))
-        yield index, region
 
 
 def _marker(record: Path, name: Hashable, index: Sequence[int]) -> Path:
@@ -222,9 +206,6 @@ def _removed_on_failure(path: Path, record: Path) -> Iterator[None]:
 
 _THREAD_LOCK = threading.Lock()
 
-#: A wave holds at least this many blocks per worker thread, to keep the cores busy.
-BLOCKS_PER_THREAD = 2
-
 
 def _finish(tasks: dict, indices: dict, name: str, dependencies: list, progress: bool) -> int:
     """Run the store tasks: locally in waves of a few blocks when that pays, else at once."""
@@ -234,173 +215,14 @@ def _finish(tasks: dict, indices: dict, name: str, dependencies: list, progress:
     graph = HighLevelGraph.from_collections(
         name, {**tasks, final: (sum, list(tasks))}, dependencies=dependencies
     )
-    if _active_client() is None and _waves_fit_the_scheduler():
-        plan = _plan_waves(dict(graph), indices)  # waves cull to the store tasks
+    if _active_client() is None and waves.waves_fit_the_scheduler():
+        plan = waves.plan_waves(dict(graph), indices)  # waves cull to the store tasks
         if plan is not None:
-            return _run_in_waves(*plan, progress=progress)
+            return waves.run_in_waves(*plan, progress=progress)
     # A cluster manages its workers' memory (limits, spilling); other graphs and
     # schedulers run as one computation.
     (written,) = compute(Delayed(final, graph, layer=name), progress=progress)
     return int(written)
-
-
-def _waves_fit_the_scheduler() -> bool:
-    """Waves suit the threaded and synchronous schedulers, not a process pool per wave."""
-    scheduler = dask.base.get_scheduler()
-    return scheduler is None or scheduler in (threaded_get, dask.local.get_sync)
-
-
-def _constant(value: Any) -> Any:
-    return value
-
-
-def _is_overhang(key: Any) -> bool:
-    return "-overhang" in str(key[0] if isinstance(key, tuple) else key)
-
-
-#: Waves are given up when, together, they would run this many times the tasks of
-#: one computation (a result that mixes distant blocks, such as ``r / r.max()``).
-WAVE_OVERHEAD = 2.0
-
-
-def _plan_waves(graph: dict, indices: dict) -> tuple | None:
-    """Split the store tasks into waves of a few blocks, in row-major block order.
-
-    Walks the waves as they will run, with the overhangs of earlier waves kept,
-    and returns the graph, the waves, the wave that computes each overhang, and
-    for each key the last wave that reads it; or None when the waves would
-    recompute too much.
-    """
-    ordered = sorted(indices, key=lambda key: (indices[key], str(key)))
-    size = BLOCKS_PER_THREAD * worker_count()
-    waves = [ordered[i : i + size] for i in range(0, len(ordered), size)]
-    dependencies = {key: get_dependencies(graph, key) for key in graph}
-    first: dict = {}  # overhang -> the wave that computes (and keeps) it
-    computed_in: dict = {}
-    last_read: dict = {}
-    visits = 0
-    for number, keys in enumerate(waves):
-        seen: set = set()
-        stack = list(keys)
-        while stack:
-            key = stack.pop()
-            if key in seen:
-                continue
-            seen.add(key)
-            last_read[key] = number
-            if _is_overhang(key):
-                # Computed, and kept, in the wave that computes its patch group.
-                group_wave = min(computed_in.get(d, number) for d in dependencies[key])
-                first.setdefault(key, group_wave)
-                if first[key] < number:
-                    continue  # kept from an earlier wave: read, not recomputed
-            computed_in.setdefault(key, number)
-            stack.extend(dependencies[key])
-        visits += len(seen)
-    if visits > WAVE_OVERHEAD * len(last_read):
-        return None
-    return graph, waves, first, last_read
-
-
-def _run_in_waves(graph: dict, waves: list, first: dict, last_read: dict, progress: bool) -> int:
-    """Compute the store tasks wave by wave.
-
-    One dask computation over all blocks lets the local scheduler start many block
-    rows at once, each holding its input chunks and patch groups, so memory grows
-    with the output. Waves bound it: each computes a few blocks, and the only
-    results kept from one wave for later ones are the thin overhang pieces of its
-    patch groups (keys with ``-overhang`` in their name) that blocks still to come
-    read; input chunks a later wave shares are read again rather than held. Each
-    patch group is computed once, in the wave of its home block, when every block
-    of the result depends on nearby blocks only.
-    """
-    scheduler = dask.base.get_scheduler() or threaded_get
-    bar = _BlockProgress(sum(map(len, waves))) if progress else contextlib.nullcontext()
-    written = 0
-    carried: dict = {}  # overhang key -> its pieces, standing in the graph
-    with bar:
-        for number, keys in enumerate(waves):
-            keep = [k for k, start in first.items() if start == number and last_read[k] > number]
-            culled, _ = cull(graph, keys + keep)
-            values = scheduler(culled, keys + keep)
-            written += sum(values[: len(keys)])
-            carried.update(zip(keep, values[len(keys) :]))
-            del values
-            for key in list(carried):
-                if last_read[key] <= number:
-                    del carried[key], graph[key]  # its last reader has run
-                    continue
-                carried[key] = _unread_pieces(key, carried[key], last_read, number)
-                graph[key] = (functools.partial(_constant, carried[key]),)
-            _trim_memory()
-    return written
-
-
-def _unread_pieces(key: tuple, pieces: Any, last_read: dict, number: int) -> Any:
-    """Drop the pieces of an overhang that no wave after ``number`` reads.
-
-    An overhang ``(f"{name}-overhang", group, *lead_block)`` maps blocks to pieces;
-    the block's combine task is ``(name, *lead_block, *block)``.
-    """
-    if not isinstance(pieces, dict):
-        return pieces
-    name = str(key[0]).removesuffix("-overhang")
-    lead_block = tuple(key[2:])
-    return {
-        block: piece
-        for block, piece in pieces.items()
-        if last_read.get((name, *lead_block, *block), -1) > number
-    }
-
-
-def _trim_memory() -> None:
-    """Hand memory freed by a wave back to the OS.
-
-    glibc keeps freed large blocks for reuse, so the resident size would stay at
-    the peak of the busiest wave; dask.distributed trims its workers the same way.
-    """
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:  # not glibc
-        return
-    libc.malloc_trim(0)
-
-
-class _BlockProgress(Callback):
-    """A text progress bar of blocks written, across the waves of one write."""
-
-    def __init__(self, total: int, width: int = 40) -> None:
-        super().__init__()
-        self.total = total
-        self.done = 0
-        self.width = width
-        self.started = time.perf_counter()
-
-    def __enter__(self) -> _BlockProgress:
-        super().__enter__()
-        self._draw()
-        return self
-
-    def __exit__(self, *args: object) -> None:
-        super().__exit__(*args)
-        self._draw()
-        sys.stdout.write("\n")
-        sys.stdout.flush()
-
-    def _posttask(self, key, result, dsk, state, worker_id) -> None:
-        if isinstance(key, tuple) and str(key[0]).startswith("xpatch-write-"):
-            self.done += 1
-            self._draw()
-
-    def _draw(self) -> None:
-        fraction = self.done / self.total if self.total else 1.0
-        filled = int(self.width * fraction)
-        elapsed = time.perf_counter() - self.started
-        sys.stdout.write(
-            f"\r[{'#' * filled}{' ' * (self.width - filled)}] | {fraction:4.0%} Completed | "
-            f"{self.done}/{self.total} blocks | {elapsed:.1f}s"
-        )
-        sys.stdout.flush()
 
 
 def write(
@@ -492,19 +314,19 @@ def write(
             continue
         dependencies.append(data)
         target = group[str(var_name)]
-        for index, region in _block_regions(data.chunks):
+        for index, region in block_regions(data.chunks):
             marker = _marker(record, var_name, index)
             if marker.exists():
                 continue
-            indices[(f"xpatch-write-{token}", str(var_name), *index)] = index
-            tasks[(f"xpatch-write-{token}", str(var_name), *index)] = (
+            indices[(f"{STORE_TASK_PREFIX}{token}", str(var_name), *index)] = index
+            tasks[(f"{STORE_TASK_PREFIX}{token}", str(var_name), *index)] = (
                 _store_block,
                 (data.name, *index),
                 target,
                 region,
                 str(marker),
             )
-    written = _finish(tasks, indices, f"xpatch-write-{token}", dependencies, progress)
+    written = _finish(tasks, indices, f"{STORE_TASK_PREFIX}{token}", dependencies, progress)
     with warnings.catch_warnings():
         # zarr 3 notes that consolidated metadata is not in its spec yet; xarray reads it.
         warnings.simplefilter("ignore", UserWarning)
@@ -570,12 +392,12 @@ def _write_geotiff(
     floating = np.issubdtype(result.dtype, np.floating)
     fill = nodata if floating and nodata is not None and not np.isnan(nodata) else None
     tasks: dict = {}
-    for index, region in _block_regions(data.chunks):
+    for index, region in block_regions(data.chunks):
         marker = _marker(record, "band_data", index)
         if marker.exists():
             continue
-        indices[(f"xpatch-write-{token}", *index)] = index
-        tasks[(f"xpatch-write-{token}", *index)] = (
+        indices[(f"{STORE_TASK_PREFIX}{token}", *index)] = index
+        tasks[(f"{STORE_TASK_PREFIX}{token}", *index)] = (
             _store_geotiff_block,
             (data.name, *index),
             str(path),
@@ -584,7 +406,7 @@ def _write_geotiff(
             str(marker),
             fill,
         )
-    written = _finish(tasks, indices, f"xpatch-write-{token}", [data], progress)
+    written = _finish(tasks, indices, f"{STORE_TASK_PREFIX}{token}", [data], progress)
     shutil.rmtree(record)
     return written
 

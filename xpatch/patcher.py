@@ -10,7 +10,6 @@ source read the patcher through its public properties.
 
 from __future__ import annotations
 
-import math
 import operator
 import warnings
 from collections.abc import Hashable, Mapping, Sequence
@@ -21,27 +20,28 @@ import xarray as xr
 from numpy.typing import DTypeLike
 
 from xpatch import inference, predictions, views
-from xpatch.cf import valid_cells
 from xpatch.core.apply import BatchFunction
 from xpatch.core.chunk_cache import DEFAULT_CACHE_BYTES
 from xpatch.core.errors import DimensionError, GeometryError, OptionError, UncoveredCellsWarning
 from xpatch.core.extract import check_pad_value
 from xpatch.core.geometry import Boundary, Geometry
 from xpatch.core.overlap_add import BlendWindow, Reduction
-from xpatch.core.plan import ChunkGrid, Plan, auto_grid, max_group_size
+from xpatch.core.plan import Plan, max_group_size
 from xpatch.core.samplers import AtLabels, RegularGrid, Sampler, anchor_array
-from xpatch.core.validity import window_sums
 from xpatch.core.windows import WindowSpec, make_window
 from xpatch.geo import AtPoints, InBounds, patch_bounds, patch_transforms
-from xpatch.variables import is_dask_backed, patched_variables
+from xpatch.variables import (
+    is_dask_backed,
+    patch_bytes,
+    patched_variables,
+    plan_grid,
+    valid_fraction,
+)
 
 if TYPE_CHECKING:
     from xpatch.grain import PatchSource
 
 T = TypeVar("T", xr.DataArray, xr.Dataset)
-
-#: A validity pass taking longer than this many seconds shows dask's progress bar.
-PROGRESS_AFTER_SECONDS = 5.0
 
 
 def _size_mapping(size: Mapping[Hashable, int] | None, size_kwargs: Mapping[str, int]) -> dict:
@@ -61,30 +61,6 @@ def _size_mapping(size: Mapping[Hashable, int] | None, size_kwargs: Mapping[str,
     return dict(size)
 
 
-def plan_grid(variables: Mapping[Hashable, xr.Variable], dims, shape) -> ChunkGrid:
-    """Return the chunk grid to plan on: the input's dask chunks, else dask's auto chunks.
-
-    Per patched dim, the chunks of the first dask-backed variable that has it
-    (one chunk where none has); for input in memory, the grid that
-    ``chunks="auto"`` would give the largest variable.
-    """
-    chunks: dict[Hashable, tuple[int, ...]] = {}
-    for var in variables.values():
-        if is_dask_backed(var):
-            for d in dims:
-                if d in var.dims and d not in chunks:
-                    chunks[d] = var.chunks[var.dims.index(d)]
-    if chunks:
-        return ChunkGrid.from_chunks([chunks.get(d, (n,)) for d, n in zip(dims, shape)])
-    largest = max(variables.values(), key=lambda v: v.size * v.dtype.itemsize)
-    carried = math.prod(n for d, n in largest.sizes.items() if d not in dims)
-    return auto_grid(shape, carried, largest.dtype)
-
-
-def _patch_bytes(var: xr.Variable, size: Mapping[Hashable, int]) -> int:
-    return math.prod(size.get(d, n) for d, n in var.sizes.items()) * var.dtype.itemsize
-
-
 def _locator(obj: xr.DataArray | xr.Dataset):
     def locate(dim: Hashable, labels: np.ndarray, method: str | None) -> np.ndarray:
         if dim not in obj.indexes:
@@ -102,34 +78,6 @@ def _locator(obj: xr.DataArray | xr.Dataset):
         return positions
 
     return locate
-
-
-def valid_fraction(
-    variables: Mapping[Hashable, xr.Variable], geometry: Geometry, anchors: np.ndarray
-) -> np.ndarray:
-    """Fraction of valid (not NaN, not nodata) cells in each patch: the ``min_valid`` pass.
-
-    Reads every variable once (one dask computation for dask input, with dask's
-    progress bar when it takes longer than :data:`PROGRESS_AFTER_SECONDS`).
-    Cells past the array's edge count as invalid.
-    """
-    from dask.diagnostics import ProgressBar
-
-    dims = geometry.dims
-    counts = 0
-    per_patch = 0
-    for var in variables.values():
-        present = [d for d in dims if d in var.dims]
-        carried = [d for d in var.dims if d not in dims]
-        valid = valid_cells(var).sum(carried).transpose(*present)
-        # A variable without some patched dims is the same along them.
-        valid = valid.expand_dims({d: n for d, n in zip(dims, geometry.shape) if d not in present})
-        counts = counts + valid.transpose(*dims).data
-        per_cell = math.prod(var.sizes[d] for d in carried)
-        per_patch += per_cell * math.prod(geometry.size)
-    with ProgressBar(minimum=PROGRESS_AFTER_SECONDS):
-        inside = window_sums(counts, anchors, geometry.size)
-    return inside / per_patch
 
 
 class Patcher(Generic[T]):
@@ -282,7 +230,7 @@ class Patcher(Generic[T]):
             geometry.size,
             # Explicit anchors keep the caller's order; so does input in memory.
             keep_order=bool(getattr(sampler, "keeps_order", False)) or not lazy,
-            max_group=min(max_group_size(_patch_bytes(v, size)) for v in variables.values()),
+            max_group=min(max_group_size(patch_bytes(v, size)) for v in variables.values()),
         )
         for name, value in (
             ("_obj", obj),

@@ -4,7 +4,7 @@
 against the patcher, matches them to the anchors (by their ``{dim}_anchor``
 coordinates when they carry them), puts each variable back along the patched
 dims it has (:func:`~xpatch.core.overlap_add.overlap_add` in memory,
-:func:`~xpatch.core.overlap_add.overlap_add_dask` on the plan for dask), then
+:func:`~xpatch.core.partials.overlap_add_dask` on the plan for dask), then
 applies the nodata rules of :mod:`xpatch.cf`.
 """
 
@@ -24,10 +24,11 @@ from xpatch.core.overlap_add import (
     Reduction,
     check_reduction,
     overlap_add,
-    overlap_add_dask,
 )
+from xpatch.core.partials import overlap_add_dask
 from xpatch.core.windows import marginal_window
 from xpatch.geo import grid_mapping_name
+from xpatch.variables import is_dask_backed
 from xpatch.views import PATCH_DIM
 
 if TYPE_CHECKING:
@@ -54,11 +55,11 @@ def first_surplus(given: np.ndarray, expected: np.ndarray) -> int:
 
 def check_prediction(
     p: Patcher, pred: xr.DataArray, label: str, required: Sequence[Hashable]
-) -> np.ndarray | None:
-    """Check ``pred`` against the patcher; return the row of ``pred`` holding each patch.
+) -> tuple[np.ndarray | None, list[da.Array] | None]:
+    """Check ``pred`` against the patcher; return where its patches are.
 
-    ``required`` are the patched dims it must have. None when row ``i`` holds
-    patch ``i``.
+    ``required`` are the patched dims it must have. Returns what
+    :func:`prediction_rows` does.
     """
     n = len(p)
     if PATCH_DIM not in pred.dims:
@@ -88,19 +89,29 @@ def check_prediction(
     return prediction_rows(p, pred, label)
 
 
-def prediction_rows(p: Patcher, pred: xr.DataArray, label: str) -> np.ndarray | None:
+def prediction_rows(
+    p: Patcher, pred: xr.DataArray, label: str
+) -> tuple[np.ndarray | None, list[da.Array] | None]:
     """Row of ``pred`` holding each patch, from its ``{dim}_anchor`` coords.
 
-    None when they carry no anchors or are already in order. Predictions gathered
-    out of order (from a shuffled pipeline) are matched back by anchor.
+    Returns ``(rows, lazy_anchors)``. ``rows`` is None when the predictions carry
+    no anchors or are already in order; predictions gathered out of order (from
+    a shuffled pipeline) are matched back by anchor. Dask predictions whose
+    anchor coordinates are lazy too (``pred.chunk(...)`` chunks them) are taken
+    in order and their anchors checked by the reconstruction's own tasks
+    (``lazy_anchors``): reading them here would compute.
     """
     anchor_coords = [f"{d}_anchor" for d in p.dims]
     if not all(c in pred.coords for c in anchor_coords):
-        return None
+        return None, None
+    if isinstance(pred.data, da.Array) and any(
+        is_dask_backed(pred[c].variable) for c in anchor_coords
+    ):
+        return None, [da.asarray(pred[c].data) for c in anchor_coords]
     given = np.stack([np.asarray(pred[c].values) for c in anchor_coords], axis=1)
     mine = p.plan.anchors
     if np.array_equal(given, mine):
-        return None
+        return None, None
     mine_order = np.lexsort(mine.T[::-1])
     given_order = np.lexsort(given.T[::-1])
     if (given[given_order] != mine[mine_order]).any():
@@ -112,17 +123,21 @@ def prediction_rows(p: Patcher, pred: xr.DataArray, label: str) -> np.ndarray | 
         )
     rows = np.empty_like(mine_order)
     rows[mine_order] = given_order
-    return rows
+    return rows, None
 
 
 def reconstruct_variable(
     p: Patcher,
     pred: xr.DataArray,
-    rows: np.ndarray | None,
+    where: tuple[np.ndarray | None, list[da.Array] | None],
     template: xr.Variable | None,
     reduce: Reduction,
 ) -> xr.Variable:
-    """Overlap-add one prediction variable along the patched dims it has."""
+    """Overlap-add one prediction variable along the patched dims it has.
+
+    ``where`` is :func:`check_prediction`'s answer.
+    """
+    rows, lazy_anchors = where
     present = [d for d in p.dims if d in pred.dims]
     columns = [p.dims.index(d) for d in present]
     lead = [d for d in pred.dims if d != PATCH_DIM and d not in p.dims]
@@ -132,7 +147,9 @@ def reconstruct_variable(
     if len(columns) < len(p.dims):
         window = BlendWindow.of(marginal_window(window.values, columns))
     if isinstance(data, da.Array):
-        out = overlap_add_dask(data, plan, window, reduce, rows=rows)
+        if lazy_anchors is not None and len(columns) < len(p.dims):
+            lazy_anchors = [lazy_anchors[j] for j in columns]
+        out = overlap_add_dask(data, plan, window, reduce, rows=rows, carried_anchors=lazy_anchors)
     else:
         # Row r holds patch inverse[r]: place the rows where they are, uncopied.
         anchors = plan.anchors if rows is None else plan.anchors[np.argsort(rows)]
@@ -213,8 +230,8 @@ def reconstruct(p: Patcher, pred: Any, reduce: Reduction = "mean") -> Any:
     obj = p.obj
     if isinstance(pred, xr.DataArray):
         template = _template(p, pred.name)
-        rows = check_prediction(p, pred, "pred", _required(p, template))
-        result = reconstruct_variable(p, pred, rows, template, reduce)
+        where = check_prediction(p, pred, "pred", _required(p, template))
+        result = reconstruct_variable(p, pred, where, template, reduce)
         attrs = obj.attrs if isinstance(obj, xr.DataArray) else dict(pred.attrs)
         variable = reconstructed(result, template, attrs)
         coords = output_coords(p, pred, dict(zip(variable.dims, variable.shape)))
@@ -239,8 +256,8 @@ def reconstruct(p: Patcher, pred: Any, reduce: Reduction = "mean") -> Any:
                 variables[name] = var.variable
                 continue
             template = _template(p, name)
-            rows = check_prediction(p, var, f"pred[{name!r}]", _required(p, template))
-            result = reconstruct_variable(p, var, rows, template, reduce)
+            where = check_prediction(p, var, f"pred[{name!r}]", _required(p, template))
+            result = reconstruct_variable(p, var, where, template, reduce)
             attrs = obj[name].attrs if name in obj.data_vars else var.attrs
             variables[name] = reconstructed(result, template, attrs)
         sizes = {d: n for v in variables.values() for d, n in zip(v.dims, v.shape)}

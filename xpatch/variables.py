@@ -1,17 +1,28 @@
-"""Which variables of a DataArray or Dataset are patched, and how they are backed.
+"""Which variables of a DataArray or Dataset are patched, how they are backed, and read.
 
-Shared by the patcher, its views, reconstruction and the Grain source.
+Shared by the patcher, its views, reconstruction and the Grain source: the
+patched variables, the chunk grid a patcher plans on, the bytes of a patch, and
+the one pass over the data that ``min_valid`` needs.
 """
 
 from __future__ import annotations
 
+import math
 import os
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 
 import dask.array as da
 import numpy as np
 import xarray as xr
 from dask.base import tokenize
+
+from xpatch.cf import valid_cells
+from xpatch.core.geometry import Geometry
+from xpatch.core.plan import ChunkGrid, auto_grid
+from xpatch.core.validity import window_sums
+
+#: A validity pass taking longer than this many seconds shows dask's progress bar.
+PROGRESS_AFTER_SECONDS = 5.0
 
 
 def is_dask_backed(var: xr.Variable) -> bool:
@@ -70,3 +81,56 @@ def data_token(var: xr.Variable) -> str:
     source = var.encoding.get("source")
     modified = os.stat(source).st_mtime_ns if source and os.path.exists(source) else None
     return tokenize(type(var._data).__name__, source, modified, var.shape, str(var.dtype))
+
+
+def plan_grid(variables: Mapping[Hashable, xr.Variable], dims, shape) -> ChunkGrid:
+    """Return the chunk grid to plan on: the input's dask chunks, else dask's auto chunks.
+
+    Per patched dim, the chunks of the first dask-backed variable that has it
+    (one chunk where none has); for input in memory, the grid that
+    ``chunks="auto"`` would give the largest variable.
+    """
+    chunks: dict[Hashable, tuple[int, ...]] = {}
+    for var in variables.values():
+        if is_dask_backed(var):
+            for d in dims:
+                if d in var.dims and d not in chunks:
+                    chunks[d] = var.chunks[var.dims.index(d)]
+    if chunks:
+        return ChunkGrid.from_chunks([chunks.get(d, (n,)) for d, n in zip(dims, shape)])
+    largest = max(variables.values(), key=lambda v: v.size * v.dtype.itemsize)
+    carried = math.prod(n for d, n in largest.sizes.items() if d not in dims)
+    return auto_grid(shape, carried, largest.dtype)
+
+
+def patch_bytes(var: xr.Variable, size: Mapping[Hashable, int]) -> int:
+    """Bytes of one patch of ``var`` (patch extents along the patched dims it has)."""
+    return math.prod(size.get(d, n) for d, n in var.sizes.items()) * var.dtype.itemsize
+
+
+def valid_fraction(
+    variables: Mapping[Hashable, xr.Variable], geometry: Geometry, anchors: np.ndarray
+) -> np.ndarray:
+    """Fraction of valid (not NaN, not nodata) cells in each patch: the ``min_valid`` pass.
+
+    Reads every variable once (one dask computation for dask input, with dask's
+    progress bar when it takes longer than :data:`PROGRESS_AFTER_SECONDS`).
+    Cells past the array's edge count as invalid.
+    """
+    from dask.diagnostics import ProgressBar
+
+    dims = geometry.dims
+    counts = 0
+    per_patch = 0
+    for var in variables.values():
+        present = [d for d in dims if d in var.dims]
+        carried = [d for d in var.dims if d not in dims]
+        valid = valid_cells(var).sum(carried).transpose(*present)
+        # A variable without some patched dims is the same along them.
+        valid = valid.expand_dims({d: n for d, n in zip(dims, geometry.shape) if d not in present})
+        counts = counts + valid.transpose(*dims).data
+        per_cell = math.prod(var.sizes[d] for d in carried)
+        per_patch += per_cell * math.prod(geometry.size)
+    with ProgressBar(minimum=PROGRESS_AFTER_SECONDS):
+        inside = window_sums(counts, anchors, geometry.size)
+    return inside / per_patch

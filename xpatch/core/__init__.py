@@ -16,7 +16,8 @@ from xpatch.core.errors import (
     XPatchError,
 )
 from xpatch.core.geometry import BOUNDARIES, Boundary, Geometry
-from xpatch.core.overlap_add import REDUCTIONS, Reduction, overlap_add, overlap_add_dask
+from xpatch.core.overlap_add import REDUCTIONS, Reduction, overlap_add
+from xpatch.core.partials import overlap_add_dask
 from xpatch.core.samplers import (
     Anchors,
     AtLabels,

@@ -20,13 +20,11 @@ from xpatch.core.errors import PredictionError
 from xpatch.core.extract import extract_numpy, extract_task, group_reads
 from xpatch.core.overlap_add import (
     BlendWindow,
-    Partial,
     Reduction,
     accumulation_dtype,
-    assemble_blocks,
     overlap_add_groups,
-    partial_sums,
 )
+from xpatch.core.partials import Partial, assemble_blocks, partial_sums
 from xpatch.core.plan import Plan
 
 #: ``fn(batch) -> batch``: numpy ``(b, *lead_in, *patch)`` to ``(b, *lead_out, *patch)``.
@@ -156,9 +154,9 @@ def apply_dask(
     ``array`` holds its patched axes last. Each group of the plan is one task
     that reads the input blocks the group touches, cuts its patches, runs ``fn``
     over them in batches and adds the results into the group's box
-    (:func:`~xpatch.core.overlap_add.partial_sums`); the predictions never leave
+    (:func:`~xpatch.core.partials.partial_sums`); the predictions never leave
     the task. Output blocks (the plan's grid) combine the pieces of those
-    partials (:func:`~xpatch.core.overlap_add.assemble_blocks`). ``fn`` and the
+    partials (:func:`~xpatch.core.partials.assemble_blocks`). ``fn`` and the
     window enter the graph once.
 
     Returns

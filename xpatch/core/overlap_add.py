@@ -5,12 +5,13 @@ last, in the order of the geometry's dims; the output is ``(*lead, *grid)``.
 ``lead`` holds the non-patched dims of the predictions (bands, classes, ...).
 
 The eager path adds every patch into the grid in one pass per band of rows
-(:func:`accumulate_groups`, :func:`overlap_add`). The dask path adds each group
-of patches into the box it spans (:func:`partial_sums`), and each output block
-combines the pieces of the boxes that reach it (:func:`combine_partials`); both
-use the same placement and weight code, and the total weight Σw always comes
-from the anchors and the window alone. NaN predictions are skipped (they add
-neither value nor weight); cells that no valid value reaches are NaN.
+(:func:`accumulate_groups`, :func:`overlap_add`). The dask path
+(:mod:`xpatch.core.partials`) adds each group of patches into the box it spans
+and combines per output block, with the same placement and weight code of this
+module (:func:`place_patches`, :class:`BlockWeights`, :func:`add_patches`). The
+total weight Σw always comes from the anchors and the window alone. NaN
+predictions are skipped (they add neither value nor weight); cells that no valid
+value reaches are NaN.
 """
 
 from __future__ import annotations
@@ -20,17 +21,11 @@ import itertools
 import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Literal, NamedTuple, get_args
 
-import dask.array as da
 import numpy as np
-from dask.base import tokenize
-from dask.highlevelgraph import HighLevelGraph
 
 from xpatch.core.checks import check_choice
-from xpatch.core.plan import Plan
-from xpatch.core.regroup import row_sources
 from xpatch.core.windows import separable_factors
 
 Reduction = Literal["mean", "sum", "max", "min"]
@@ -75,7 +70,7 @@ class BlendWindow(NamedTuple):
         return cls(window, separable_factors(window))
 
 
-class _Placement(NamedTuple):
+class Placement(NamedTuple):
     """Where one patch lands in a block."""
 
     group: int
@@ -85,12 +80,12 @@ class _Placement(NamedTuple):
     patch_index: tuple[slice, ...]
 
 
-def _placements(
+def place_patches(
     origin: Sequence[int],
     block_shape: Sequence[int],
     anchor_groups: Sequence[np.ndarray],
     size: Sequence[int],
-) -> list[_Placement]:
+) -> list[Placement]:
     """List the patches that touch a block, in lexicographic order of their anchors."""
     origin = np.asarray(origin, dtype=np.int64)
     end = origin + np.asarray(block_shape, dtype=np.int64)
@@ -104,7 +99,7 @@ def _placements(
             rows.tolist(), anchors[rows].tolist(), lo[rows].tolist(), hi[rows].tolist()
         ):
             placements.append(
-                _Placement(
+                Placement(
                     g,
                     i,
                     tuple(a),
@@ -128,7 +123,7 @@ def _is_product(anchors: Sequence[tuple[int, ...]], k: int) -> bool:
     return count == len(anchors) == len(set(anchors))
 
 
-class _BlockWeights:
+class BlockWeights:
     """The weights of the patches that touch one block, from geometry alone.
 
     The total weight Σw of a cell depends only on the anchors and the window, never
@@ -144,7 +139,7 @@ class _BlockWeights:
         self,
         origin: Sequence[int],
         block_shape: Sequence[int],
-        placements: Sequence[_Placement],
+        placements: Sequence[Placement],
         window: BlendWindow,
         dtype: np.dtype,
         normalise: bool,
@@ -195,7 +190,7 @@ class _BlockWeights:
             patterns[s] = (ids.setdefault((lo - s, line.tobytes()), len(ids)), line)
         return patterns
 
-    def patch_weight(self, placement: _Placement) -> np.ndarray:
+    def patch_weight(self, placement: Placement) -> np.ndarray:
         """Return the weights a patch adds to the block (normalised if ``normalised``)."""
         if not self.separable:
             return self.window[placement.patch_index]
@@ -207,7 +202,7 @@ class _BlockWeights:
             self._cache[key] = weight
         return weight
 
-    def fresh_offsets(self, placements: Sequence[_Placement]) -> list[list[int]]:
+    def fresh_offsets(self, placements: Sequence[Placement]) -> list[list[int]]:
         """Per patch and axis, where its cells no earlier patch reached begin.
 
         Offsets are within the patch's slice of the block. Along an axis, cells
@@ -291,14 +286,14 @@ def accumulate_groups(
     out_shape = (*lead, *(int(s) for s in block_shape))
     if out is None:
         out = np.empty(out_shape, dtype=acc)
-    placements = _placements(origin, block_shape, anchor_groups, window.values.shape)
-    weights, valid = _add_patches(
+    placements = place_patches(origin, block_shape, anchor_groups, window.values.shape)
+    weights, valid = add_patches(
         out, origin, block_shape, placements, prediction_groups, window, reduce, reduce == "mean"
     )
     if weights is None:  # max / min
         return out
     if valid is not None:
-        return _normalise(out, valid, reduce)
+        return normalise(out, valid, reduce)
     everywhere = weights.covers_all()
     if not weights.normalised and reduce == "mean":
         with np.errstate(invalid="ignore", divide="ignore"):  # uncovered cells become NaN below
@@ -308,16 +303,16 @@ def accumulate_groups(
     return out
 
 
-def _add_patches(
+def add_patches(
     out: np.ndarray,
     origin: Sequence[int],
     block_shape: Sequence[int],
-    placements: Sequence[_Placement],
+    placements: Sequence[Placement],
     prediction_groups: Sequence[np.ndarray],
     window: BlendWindow,
     reduce: Reduction,
     normalise: bool,
-) -> tuple[_BlockWeights | None, np.ndarray | None]:
+) -> tuple[BlockWeights | None, np.ndarray | None]:
     """Add the placed patches into ``out`` (whose content is ignored).
 
     For ``"max"`` / ``"min"``, the running reduction (NaN where nothing landed);
@@ -336,7 +331,7 @@ def _add_patches(
             combine(region, values, out=region)
         return None, None
     real = np.empty(0, dtype=out.dtype).real.dtype
-    weights = _BlockWeights(origin, block_shape, placements, window, real, normalise)
+    weights = BlockWeights(origin, block_shape, placements, window, real, normalise)
     if weights.separable:
         _add_fresh_first(out, weights, placements, prediction_groups, lead_index)
     else:
@@ -363,7 +358,7 @@ def _add_fresh_first(out, weights, placements, prediction_groups, lead_index) ->
     """Separable weights: write each patch's fresh cells, add the rest.
 
     Patches arrive in lexicographic order of their anchors, so the cells of a
-    patch that no earlier patch reached (:meth:`_BlockWeights.fresh_offsets`) are
+    patch that no earlier patch reached (:meth:`BlockWeights.fresh_offsets`) are
     written (``out = x·w``) instead of added, which spares zeroing the block and a
     read-add pass over most of it.
     """
@@ -389,8 +384,8 @@ def _add_fresh_first(out, weights, placements, prediction_groups, lead_index) ->
 
 def _masked_sums(
     out: np.ndarray,
-    weights: _BlockWeights,
-    placements: Sequence[_Placement],
+    weights: BlockWeights,
+    placements: Sequence[Placement],
     prediction_groups: Sequence[np.ndarray],
 ) -> np.ndarray:
     """Σ w·x into ``out`` over valid (non-NaN) values only; return Σ w of those values."""
@@ -407,7 +402,7 @@ def _masked_sums(
     return weight
 
 
-def _normalise(out: np.ndarray, weight: np.ndarray, reduce: Reduction) -> np.ndarray:
+def normalise(out: np.ndarray, weight: np.ndarray, reduce: Reduction) -> np.ndarray:
     """Divide by the total weight (for ``"mean"``) and make uncovered cells NaN."""
     covered = weight > 0
     if reduce == "mean":
@@ -505,295 +500,3 @@ def overlap_add_groups(
         with ThreadPoolExecutor(len(bands)) as pool:
             list(pool.map(accumulate_band, bands))
     return out
-
-
-@dataclass(frozen=True, eq=False)
-class Partial:
-    """What some patches add to a box of the grid, before normalising.
-
-    A lazy reconstruction adds each group of patches into the box they span (a
-    ``Partial``), cuts the box into the pieces that fall on each output block and
-    sums the pieces of a block. Where a group overhangs its block the pieces are
-    thin strips: only they, never whole groups of predictions, wait for the
-    neighbouring block.
-
-    Attributes
-    ----------
-    origin
-        Start of the box along the patched axes.
-    total
-        ``(*lead, *box)``: Σ w·x for ``"mean"`` and ``"sum"`` (0 where nothing
-        landed), or the running max / min (NaN where nothing landed).
-    weight
-        Σ w of the valid values when some value was NaN; None when all were valid,
-        and the window sums of :attr:`anchors` apply.
-    anchors
-        Anchors of the patches that reach the box.
-    """
-
-    origin: tuple[int, ...]
-    total: np.ndarray
-    weight: np.ndarray | None
-    anchors: np.ndarray
-
-    def crop(self, origin: Sequence[int], shape: Sequence[int], size: Sequence[int]):
-        """Return a copy of the part inside ``[origin, origin + shape)``, or None.
-
-        ``size`` is the patch size, to keep the anchors of the patches that reach
-        the part. A copy does not keep the whole box alive.
-        """
-        part = self.view(origin, shape, size)
-        if part is None:
-            return None
-        weight = None if part.weight is None else part.weight.copy()
-        return Partial(part.origin, part.total.copy(), weight, part.anchors)
-
-    def view(self, origin: Sequence[int], shape: Sequence[int], size: Sequence[int]):
-        """Return the part inside ``[origin, origin + shape)`` (views), or None."""
-        k = len(self.origin)
-        extent = self.total.shape[-k:]
-        lo = [max(a, b) for a, b in zip(self.origin, origin)]
-        hi = [min(a + n, b + m) for a, n, b, m in zip(self.origin, extent, origin, shape)]
-        if any(h <= low for low, h in zip(lo, hi)):
-            return None
-        index = (Ellipsis, *(slice(a - o, b - o) for a, b, o in zip(lo, hi, self.origin)))
-        reach = ((self.anchors < hi) & (self.anchors + np.asarray(size) > lo)).all(axis=1)
-        weight = None if self.weight is None else self.weight[index]
-        return Partial(tuple(lo), self.total[index], weight, self.anchors[reach])
-
-
-def partial_sums(
-    origin: Sequence[int],
-    box_shape: Sequence[int],
-    anchors: np.ndarray,
-    predictions: np.ndarray,
-    window: np.ndarray | BlendWindow,
-    reduce: Reduction,
-) -> Partial:
-    """Add one group of patches into the box ``[origin, origin + box_shape)``.
-
-    The counterpart of :func:`accumulate_groups` that does not normalise, so that
-    :func:`combine_partials` can add the partials of several groups.
-
-    Examples
-    --------
-    >>> part = partial_sums([0], [4], np.array([[0], [2]]), np.ones((2, 2)), np.ones(2), "mean")
-    >>> part.total.tolist(), part.weight
-    ([1.0, 1.0, 1.0, 1.0], None)
-    """
-    window = BlendWindow.of(window)
-    k = len(box_shape)
-    origin = tuple(int(o) for o in origin)
-    lead = predictions.shape[1 : predictions.ndim - k]
-    acc = accumulation_dtype(predictions.dtype)
-    out = np.empty((*lead, *(int(n) for n in box_shape)), dtype=acc)
-    placements = _placements(origin, box_shape, [anchors], window.values.shape)
-    reaching = np.array([p.anchor for p in placements], dtype=np.int64).reshape(-1, k)
-    _, valid = _add_patches(
-        out, origin, box_shape, placements, [predictions], window, reduce, False
-    )
-    return Partial(origin, out, valid, reaching)
-
-
-def combine_partials(
-    origin: Sequence[int],
-    block_shape: Sequence[int],
-    partials: Sequence[Partial],
-    window: np.ndarray | BlendWindow,
-    reduce: Reduction,
-    template: np.ndarray,
-) -> np.ndarray:
-    """Add the partials that fall on one block and normalise: the block's result.
-
-    Returns ``(*lead, *block_shape)`` in the accumulation dtype, NaN where nothing
-    valid landed, as :func:`accumulate_groups` does for the same patches.
-
-    Examples
-    --------
-    >>> w = np.ones(2)
-    >>> parts = [partial_sums([0], [3], np.array([[a]]), np.full((1, 2), v), w, "mean")
-    ...          for a, v in ((0, 1.0), (1, 3.0))]
-    >>> combine_partials([0], [3], parts, w, "mean", np.empty((0, 2))).tolist()
-    [1.0, 2.0, 3.0]
-    """
-    window = BlendWindow.of(window)
-    k = len(block_shape)
-    lead = template.shape[1 : template.ndim - k]
-    acc = accumulation_dtype(template.dtype)
-    out_shape = (*lead, *(int(n) for n in block_shape))
-    origin = [int(o) for o in origin]
-    pieces = []
-    for part in partials:
-        extent = part.total.shape[-k:]
-        inside = all(
-            a >= o and a + n <= o + m
-            for a, n, o, m in zip(part.origin, extent, origin, block_shape)
-        )
-        piece = part if inside else part.view(origin, block_shape, window.values.shape)
-        if piece is not None:
-            pieces.append(piece)
-
-    def region(piece: Partial) -> tuple:
-        extent = piece.total.shape[-k:]
-        offsets = [a - o for a, o in zip(piece.origin, origin)]
-        return (Ellipsis, *(slice(a, a + n) for a, n in zip(offsets, extent)))
-
-    if reduce in ("max", "min"):
-        out = np.full(out_shape, np.nan, dtype=acc)
-        combine = np.fmax if reduce == "max" else np.fmin
-        for piece in pieces:
-            combine(out[region(piece)], piece.total, out=out[region(piece)])
-        return out
-    out = np.zeros(out_shape, dtype=acc)
-    for piece in pieces:
-        out[region(piece)] += piece.total
-    real = np.empty(0, dtype=acc).real.dtype
-
-    def window_sums(box_origin, box_shape, anchors) -> _BlockWeights:
-        placements = _placements(box_origin, box_shape, [anchors], window.values.shape)
-        return _BlockWeights(box_origin, box_shape, placements, window, real, normalise=False)
-
-    if all(piece.weight is None for piece in pieces):
-        anchors = np.concatenate([np.empty((0, k), np.int64), *(p.anchors for p in pieces)])
-        weights = window_sums(origin, block_shape, anchors)
-        if weights.covers_all():
-            if reduce == "mean":
-                np.divide(out, weights.total().astype(real), out=out)
-            return out
-        return _normalise(out, weights.total(), reduce)
-    weight = np.zeros(out_shape, dtype=real)
-    for piece in pieces:
-        if piece.weight is not None:
-            weight[region(piece)] += piece.weight
-        else:
-            extent = piece.total.shape[-k:]
-            weight[region(piece)] += window_sums(piece.origin, extent, piece.anchors).total()
-    return _normalise(out, weight, reduce)
-
-
-def _overhang_task(partial: Partial, blocks: list, size) -> dict:
-    # Copies: the pieces must not keep the partial's whole box alive.
-    return {block: partial.crop(origin, shape, size) for block, origin, shape in blocks}
-
-
-def _pick(part: Partial | dict, block: tuple) -> Partial | None:
-    return part.get(block) if isinstance(part, dict) else part
-
-
-def _combine_task(block, origin, block_shape, template_shape, dtype, window, reduce, *parts):
-    template = np.empty((0, *template_shape), dtype=dtype)
-    present = [p for p in (_pick(part, block) for part in parts) if p is not None]
-    return combine_partials(origin, block_shape, present, window, reduce, template)
-
-
-def assemble_blocks(
-    layer: dict,
-    partial_keys: dict[tuple[int, tuple[int, ...]], tuple],
-    plan: Plan,
-    lead_chunks: Sequence[Sequence[int]],
-    window_key: tuple,
-    window: BlendWindow,
-    reduce: Reduction,
-    dtype: np.dtype,
-    name: str,
-) -> tuple[tuple[int, ...], ...]:
-    """Add to ``layer`` one task per output block that combines the partials on it.
-
-    ``partial_keys[(g, lead_block)]`` is the key of group ``g``'s partial (over
-    its box in ``plan``) for one block of the lead axes. Output blocks are those
-    of ``plan.grid``. The block that holds a group's anchors reads the partial
-    itself; the pieces that overhang into other blocks are copied out by one
-    ``{name}-overhang`` task per partial, so a neighbouring block waits for those
-    thin pieces, not for the whole group. Returns the output's chunks.
-    """
-    grid = plan.grid
-    size = window.values.shape
-    per_block: dict[tuple[int, ...], list[tuple]] = {}
-    for (g, lead_block), key in partial_keys.items():
-        home, others = plan.reach[g]
-        per_block.setdefault((*lead_block, *home), []).append(key)
-        if others:
-            overhang = (f"{name}-overhang", g, *lead_block)
-            pieces = [(block, grid.origin(block), grid.extent(block)) for block in others]
-            layer[overhang] = (_overhang_task, key, pieces, size)
-            for block in others:
-                per_block.setdefault((*lead_block, *block), []).append(overhang)
-    for lead_block in itertools.product(*(range(len(c)) for c in lead_chunks)):
-        template_shape = (*(lead_chunks[j][b] for j, b in enumerate(lead_block)), *size)
-        for block in grid.blocks():
-            layer[(name, *lead_block, *block)] = (
-                _combine_task,
-                block,
-                grid.origin(block),
-                grid.extent(block),
-                template_shape,
-                dtype,
-                window_key,
-                reduce,
-                *per_block.get((*lead_block, *block), []),
-            )
-    return tuple(tuple(c) for c in lead_chunks) + grid.chunks
-
-
-def _partial_task(predictions, anchors, origin, box_shape, window, reduce) -> Partial:
-    return partial_sums(origin, box_shape, anchors, predictions, window, reduce)
-
-
-def overlap_add_dask(
-    predictions: da.Array,
-    plan: Plan,
-    window: np.ndarray | BlendWindow,
-    reduce: Reduction = "mean",
-    rows: np.ndarray | None = None,
-) -> da.Array:
-    """Reconstruct dask predictions lazily: a partial per group, a task per output block.
-
-    The predictions of each group of the plan (for one block of the lead axes)
-    are added into the group's box (:func:`partial_sums`), read straight from
-    the chunk that holds them when the predictions are chunked as the plan
-    groups them, else gathered from the chunks that do (:mod:`~xpatch.core.regroup`):
-    predictions chunked any way along the patch axis give the same graph size
-    and task memory. Each output block (the plan's grid along the patched axes,
-    the prediction's chunks along the lead axes) adds the pieces of the partials
-    that reach it and normalises by the window sums of their anchors, which
-    depend on geometry alone (:func:`combine_partials`). The window enters the
-    graph once.
-
-    Parameters
-    ----------
-    predictions
-        ``(n, *lead, *patch)`` dask array; its patched axes are made whole.
-    plan
-        The plan over the patched axes (its grid is the output's).
-    window, reduce
-        As for :func:`accumulate_groups`.
-    rows
-        The row of ``predictions`` that holds each patch (in the user's order of
-        the plan); default: row ``i`` holds patch ``i``.
-    """
-    k = plan.ndim
-    n_lead = predictions.ndim - 1 - k
-    window = BlendWindow.of(window)
-    predictions = predictions.rechunk({ax: -1 for ax in range(1 + n_lead, predictions.ndim)})
-    rows = plan.order if rows is None else np.asarray(rows, dtype=np.int64)[plan.order]
-    acc = accumulation_dtype(predictions.dtype)
-    token = tokenize(predictions, plan, rows, window.values, reduce)
-    name = f"xpatch-overlap-add-{token}"
-    window_key = (f"xpatch-window-{token}",)
-    layer: dict = {window_key: window}
-    lead_chunks = predictions.chunks[1 : 1 + n_lead]
-    partial_keys = {}
-    for g, ((start, stop), (lo, shape)) in enumerate(zip(plan.groups, plan.boxes)):
-        for lead_block in itertools.product(*(range(len(c)) for c in lead_chunks)):
-            key = (f"{name}-partial", g, *lead_block)
-            source = row_sources(
-                predictions.name, predictions.chunks[0], rows[start:stop], (*lead_block, *[0] * k)
-            )
-            anchors = plan.group_anchors(g)
-            layer[key] = (_partial_task, source, anchors, lo, shape, window_key, reduce)
-            partial_keys[(g, lead_block)] = key
-    chunks = assemble_blocks(
-        layer, partial_keys, plan, lead_chunks, window_key, window, reduce, acc, name
-    )
-    graph = HighLevelGraph.from_collections(name, layer, dependencies=[predictions])
-    return da.Array(graph, name, chunks, dtype=acc, meta=np.empty((0,) * (n_lead + k), acc))

@@ -31,8 +31,10 @@ import numpy as np
 from dask.array.core import normalize_chunks
 from dask.base import tokenize
 
-#: Upper bound of the bytes of the patches of one group (one task).
-GROUP_BYTES = 64 * 2**20
+#: Upper bound of the bytes of the patches of one group (one task). Dask's own
+#: default chunk is 128 MiB; the patches of one chunk are larger than the chunk
+#: wherever patches overlap, so this is larger still.
+GROUP_BYTES = 256 * 2**20
 
 
 def max_group_size(patch_bytes: int) -> int:
@@ -41,7 +43,7 @@ def max_group_size(patch_bytes: int) -> int:
     Examples
     --------
     >>> max_group_size(2**20)
-    64
+    256
     """
     return max(GROUP_BYTES // max(int(patch_bytes), 1), 1)
 

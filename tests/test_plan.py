@@ -1,0 +1,127 @@
+"""The plan: bounded graphs and task memory for every sampler and prediction chunking."""
+
+from __future__ import annotations
+
+import pickle
+
+import dask.array as dsa
+import numpy as np
+import pytest
+import xarray as xr
+from dask.base import tokenize
+
+import xpatch
+from tests.conftest import forbid_compute
+
+SHAPE = (2, 256, 256)
+CHUNK = 64  # 16 input chunks
+SIZE, STRIDE = 32, 24
+
+
+def lazy_scene() -> xr.DataArray:
+    data = dsa.random.default_rng(0).random(SHAPE, chunks=(2, CHUNK, CHUNK))
+    return xr.DataArray(data, dims=("band", "y", "x"), coords={"y": np.arange(256.0)})
+
+
+def samplers() -> dict:
+    rng = np.random.default_rng(1)
+    scattered = rng.integers(0, 256 - SIZE + 1, size=(500, 2))
+    return {
+        "grid": None,
+        "jittered": xpatch.JitteredGrid(jitter=5, seed=0),
+        "random": xpatch.RandomAnchors(400, seed=0),
+        "anchors": xpatch.Anchors({"y": scattered[:, 0], "x": scattered[:, 1]}),
+        "labels": xpatch.AtLabels({"y": scattered[:50, 0].astype(float), "x": scattered[:50, 1]}),
+    }
+
+
+def own_tasks(result, *inputs) -> int:
+    """Keys of ``result``'s graph that none of ``inputs`` has."""
+    keys = set(dict(result.__dask_graph__()))
+    for source in inputs:
+        keys -= set(dict(source.__dask_graph__()))
+    return len(keys)
+
+
+@pytest.mark.parametrize("name", list(samplers()))
+def test_every_sampler_has_at_most_four_tasks_per_input_chunk(name):
+    scene = lazy_scene()
+    chunks = 16
+    with forbid_compute():
+        # AtLabels resolves labels on the "y" coordinate only; it has none on "x".
+        sampler = samplers()[name]
+        if name == "labels":
+            scene = scene.assign_coords(x=np.arange(256))
+        p = scene.patch(y=SIZE, x=SIZE, stride=STRIDE, sampler=sampler)
+        patches = p.patches()
+        one_per_chunk = patches.chunk(patch=1)
+        out = p.reconstruct(one_per_chunk)
+        applied = p.apply(lambda b: b, batch_size=16)
+    assert len({tuple(g) for g in p.plan.groups}) <= chunks * 2  # split only by bytes
+    assert own_tasks(patches.data, scene.data) <= 4 * chunks
+    coords = [one_per_chunk[c].data for c in ("y_anchor", "x_anchor")]  # lazy: pred's own
+    assert own_tasks(out.data, one_per_chunk.data, *coords) <= 4 * chunks
+    assert own_tasks(p.reconstruct(patches).data, patches.data) <= 4 * chunks
+    assert own_tasks(applied.data, scene.data) <= 4 * chunks
+    # Regrouped predictions give what the numpy path gives.
+    eager = scene.compute()
+    expected = eager.patch(y=SIZE, x=SIZE, stride=STRIDE, sampler=p.sampler)
+    np.testing.assert_allclose(
+        out.values, expected.reconstruct(expected.patches()).values, rtol=1e-12, equal_nan=True
+    )
+
+
+def test_group_boxes_are_a_chunk_plus_the_overhang_for_numpy_input_too():
+    # Numpy input is planned on dask's auto grid; its dask predictions, chunked
+    # at random along "patch", are regrouped to that grid, never spanning the scene.
+    values = np.random.default_rng(0).random((300, 300))
+    scene = xr.DataArray(values, dims=("y", "x"))
+    p = scene.patch(y=16, x=16, sampler=xpatch.RandomAnchors(500, seed=3))
+    grid = p.plan.grid
+    for (_, shape), (home, _) in zip(p.plan.boxes, p.plan.reach):
+        extent = grid.extent(home)
+        assert all(n <= e + 16 - 1 for n, e in zip(shape, extent))
+    pred = p.patches().chunk(patch=50) * 2
+    out = p.reconstruct(pred)
+    assert out.chunks is not None
+    np.testing.assert_allclose(out.values, p.reconstruct(p.patches() * 2).values, equal_nan=True)
+
+
+def test_scattered_anchors_keep_their_order_and_come_back_in_place():
+    scene = lazy_scene()
+    anchors = samplers()["anchors"]
+    p = scene.patch(y=SIZE, x=SIZE, sampler=anchors)
+    np.testing.assert_array_equal(p.anchors().values[:, 0], anchors.indices["y"])
+    assert not p.plan.in_chunk_order
+    patches = p.patches()
+    i = 17
+    np.testing.assert_array_equal(patches.isel(patch=i).values, p[i].values)
+    # Shuffled predictions carrying their anchors are matched back.
+    order = np.random.default_rng(0).permutation(len(p))
+    shuffled = (patches * 3).isel(patch=order)
+    np.testing.assert_allclose(
+        p.reconstruct(shuffled).values, p.reconstruct(patches * 3).values, equal_nan=True
+    )
+
+
+def test_lazy_anchor_coordinates_are_checked_not_computed():
+    p = lazy_scene().patch(y=SIZE, x=SIZE, stride=STRIDE)
+    pred = p.patches().chunk(patch=7)  # chunks the anchor coordinates too
+    with forbid_compute():
+        out = p.reconstruct(pred)
+    np.testing.assert_allclose(out.values, p.reconstruct(p.patches()).values)
+    reversed_ = pred.isel(patch=slice(None, None, -1))  # lazy anchors, out of order
+    with forbid_compute():
+        wrong = p.reconstruct(reversed_)
+    with pytest.raises(xpatch.PredictionError, match=r"lazy .*_anchor coordinates are checked"):
+        wrong.compute()
+
+
+def test_the_plan_pickles_and_tokenizes_deterministically():
+    p = lazy_scene().patch(y=SIZE, x=SIZE, stride=STRIDE, sampler=xpatch.RandomAnchors(50))
+    clone = pickle.loads(pickle.dumps(p.plan))
+    assert tokenize(clone) == tokenize(p.plan)
+    np.testing.assert_array_equal(clone.sorted_anchors, p.plan.sorted_anchors)
+    other = lazy_scene().patch(y=SIZE, x=SIZE, stride=STRIDE, sampler=xpatch.RandomAnchors(51))
+    assert tokenize(other.plan) != tokenize(p.plan)
+    assert not p.plan.anchors.flags.writeable

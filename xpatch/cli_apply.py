@@ -1,0 +1,258 @@
+"""The ``xpatch apply`` command: its options and what it does.
+
+``xpatch apply INPUT OUTPUT --fn module:function ...`` runs sliding-window
+inference out of core: it opens a GeoTIFF, zarr store or netCDF file lazily
+(:func:`open_input`), imports the batch function (:func:`load_function`), runs it
+over overlapping patches in batches, blends the results with weighted
+overlap-add and streams them to a tiled GeoTIFF or a zarr store with
+:func:`xpatch.write` (:func:`run_apply`). :func:`add_apply_command` declares its
+options and help text on the parser of :mod:`xpatch.cli`, which dispatches to it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import xarray as xr
+
+import xpatch
+from xpatch.cli_common import format_sizes, positive_int, usage_error
+from xpatch.core.errors import XPatchError
+
+
+def add_apply_command(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add the ``apply`` command, its options and help text, to the ``xpatch`` parser.
+
+    Parameters
+    ----------
+    commands
+        The subparsers of the ``xpatch`` parser.
+
+    Returns
+    -------
+    argparse.ArgumentParser
+        The parser of ``xpatch apply``.
+    """
+    apply = commands.add_parser(
+        "apply",
+        help="sliding-window inference from a GeoTIFF/zarr/netCDF file to GeoTIFF or zarr",
+        description=(
+            "Run FN over overlapping patches of INPUT (GeoTIFF, zarr or netCDF, opened lazily) "
+            "in batches, blend the results by weighted overlap-add and write them to OUTPUT "
+            "(*.tif: tiled GeoTIFF with the input's CRS and transform; *.zarr) block by block, "
+            "out of core. FN gets numpy batches (b, *other dims, *patch) and returns "
+            "(b, *output dims, *patch). An interrupted run started again writes only the "
+            "blocks it had not written."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    apply.add_argument("input", help="GeoTIFF (.tif), zarr store (.zarr) or netCDF (.nc)")
+    apply.add_argument("output", help="*.tif or *.zarr")
+    apply.add_argument(
+        "--fn", required=True, help="the batch function: module:function or file.py:function"
+    )
+    apply.add_argument("--size", type=positive_int, required=True, help="patch extent per dim")
+    apply.add_argument("--stride", type=positive_int, default=None, help="default: the size")
+    apply.add_argument(
+        "--window",
+        default="hann",
+        help="blending window: boxcar, hann, triangular, tukey or a scipy window name",
+    )
+    apply.add_argument("--boundary", choices=("shift", "pad", "drop", "raise"), default="shift")
+    apply.add_argument(
+        "--dims", default=None, help="patched dims, comma-separated (default: y,x or the last two)"
+    )
+    apply.add_argument(
+        "--chunks", type=positive_int, default=1024, help="dask chunk size along patched dims"
+    )
+    apply.add_argument("--batch-size", type=positive_int, default=32)
+    apply.add_argument(
+        "--output-dims",
+        default=None,
+        help="FN's non-patched output dims, e.g. class=5 ('' for none; default: the input's)",
+    )
+    apply.add_argument("--dtype", default=None, help="FN's output dtype (default: the input's)")
+    apply.add_argument("--reduce", choices=("mean", "sum", "max", "min"), default="mean")
+    apply.add_argument(
+        "--nodata",
+        type=_nodata,
+        default="input",
+        help="OUTPUT's nodata: 'input' (default: the input's), a number, 'nan' or 'none'",
+    )
+    apply.add_argument("--variable", default=None, help="variable of a zarr/netCDF input")
+    apply.add_argument(
+        "--restart", action="store_true", help="replace OUTPUT instead of resuming it"
+    )
+    apply.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    return apply
+
+
+def load_function(spec: str) -> Callable[[np.ndarray], np.ndarray]:
+    """Import ``module:function`` or ``path/to/file.py:function``.
+
+    Examples
+    --------
+    >>> load_function("numpy:negative") is np.negative
+    True
+    """
+    module_name, sep, attribute = spec.rpartition(":")
+    if not sep or not module_name or not attribute:
+        raise ValueError(f"--fn {spec!r} must be 'module:function' or 'path/to/file.py:function'.")
+    if module_name.endswith(".py"):
+        path = Path(module_name)
+        if not path.is_file():
+            raise ValueError(f"--fn {spec!r}: no file {module_name!r}.")
+        module_spec = importlib.util.spec_from_file_location(path.stem, path)
+        module = importlib.util.module_from_spec(module_spec)  # type: ignore[arg-type]
+        sys.modules[path.stem] = module
+        module_spec.loader.exec_module(module)  # type: ignore[union-attr]
+    else:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as error:
+            raise ValueError(f"--fn {spec!r}: cannot import {module_name!r} ({error}).") from None
+    fn = getattr(module, attribute, None)
+    if not callable(fn):
+        raise ValueError(f"--fn {spec!r}: {module_name!r} has no function {attribute!r}.")
+    return fn
+
+
+def open_input(path: str | Path, variable: str | None = None, chunks: int = 1024) -> xr.DataArray:
+    """Open a GeoTIFF, zarr store or netCDF file lazily as one DataArray.
+
+    GeoTIFFs need the ``geo`` extra (rioxarray) and are read in ``chunks`` x
+    ``chunks`` blocks with all bands. A file holding several variables needs
+    ``variable``.
+    """
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if not path.exists():
+        raise ValueError(f"INPUT {str(path)!r} does not exist.")
+    if suffix in (".tif", ".tiff"):
+        try:
+            import rioxarray
+        except ImportError:
+            raise ValueError(
+                "reading GeoTIFF needs rioxarray: pip install 'xarray-patch[geo]'."
+            ) from None
+        opened = rioxarray.open_rasterio(path, chunks={"band": -1, "y": chunks, "x": chunks})
+        if isinstance(opened, list):  # pragma: no cover - multi-subdataset files
+            raise ValueError(f"INPUT {str(path)!r} holds several subdatasets; convert it first.")
+        return opened
+    if suffix == ".zarr" or (path / "zarr.json").exists() or (path / ".zgroup").exists():
+        dataset = xr.open_zarr(path)
+    elif suffix in (".nc", ".nc4", ".netcdf", ".h5"):
+        dataset = xr.open_dataset(path, chunks={})
+    else:
+        raise ValueError(f"INPUT {str(path)!r}: unknown format; give a .tif, .zarr or .nc file.")
+    if isinstance(dataset, xr.DataArray):  # pragma: no cover - defensive
+        return dataset
+    names = list(dataset.data_vars)
+    if variable is None:
+        if len(names) != 1:
+            raise ValueError(
+                f"INPUT {str(path)!r} holds variables {names}; pick one with --variable."
+            )
+        variable = names[0]
+    if variable not in names:
+        raise ValueError(f"--variable {variable!r} is not in {str(path)!r}; it holds {names}.")
+    return dataset[variable]
+
+
+def _output_dims(text: str | None) -> dict[str, int] | None:
+    if text is None:
+        return None
+    if text == "":
+        return {}
+    dims = {}
+    for item in text.split(","):
+        name, sep, size = item.partition("=")
+        if not sep or not name or not size.isdigit() or int(size) < 1:
+            raise ValueError(
+                f"--output-dims {text!r} must look like 'class=5' or 'class=5,time=2' "
+                "(or '' for none)."
+            )
+        dims[name.strip()] = int(size)
+    return dims
+
+
+def run_apply(args: argparse.Namespace) -> int:
+    """Carry out ``xpatch apply`` (see :func:`add_apply_command` for the options).
+
+    Problems with the options or the input exit with status 2 and a message, as
+    do outputs that exist and predictions that break their declaration. An
+    exception raised by the user's function while computing propagates with its
+    traceback.
+    """
+    try:
+        p, result, dims, stride = _plan_apply(args)
+    except (XPatchError, ValueError, ImportError) as error:
+        return usage_error("apply", str(error))
+    name = Path(args.output).stem if result.name is None else result.name
+    start = time.perf_counter()
+    try:
+        blocks = xpatch.write(
+            result.rename(name),
+            args.output,
+            resume=not args.restart,
+            overwrite=args.restart,
+            progress=not args.no_progress,
+        )
+    except FileExistsError:
+        return usage_error(
+            "apply",
+            f"OUTPUT {args.output!r} exists and is complete; pass --restart to replace it, or "
+            "choose another OUTPUT.",
+        )
+    except XPatchError as error:
+        return usage_error("apply", str(error))
+    seconds = time.perf_counter() - start
+    print(
+        f"xpatch apply: {len(p)} patches of {args.size} along {dims}, stride {stride}, "
+        f"window {args.window!r}; wrote {blocks} blocks of {name} "
+        f"({format_sizes(dict(result.sizes))}) {result.dtype} to {args.output} in {seconds:.1f} s"
+    )
+    return 0
+
+
+def _nodata(text: str) -> float | str | None:
+    """``--nodata``: 'input', 'none' or a number (nan included)."""
+    if text in ("input", "none"):
+        return None if text == "none" else text
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not 'input', 'none' or a number (e.g. -9999 or nan)"
+        ) from None
+
+
+def _plan_apply(args: argparse.Namespace) -> tuple:
+    """Open the input and build the lazy result: ``(patcher, result, dims, stride)``."""
+    fn = load_function(args.fn)
+    data = open_input(args.input, args.variable, args.chunks)
+    dims = args.dims.split(",") if args.dims else [d for d in ("y", "x") if d in data.dims]
+    if not dims:
+        dims = list(data.dims[-2:])
+    missing = [d for d in dims if d not in data.dims]
+    if missing:
+        raise ValueError(f"--dims {args.dims!r}: {missing} not in the input's dims {data.dims}.")
+    data = data.chunk({d: (args.chunks if d in dims else -1) for d in data.dims})
+    stride = args.stride if args.stride is not None else args.size
+    p = data.patch({d: args.size for d in dims}, stride, window=args.window, boundary=args.boundary)
+    result = p.apply(
+        fn,
+        batch_size=args.batch_size,
+        output_dims=_output_dims(args.output_dims),
+        dtype=args.dtype,
+        reduce=args.reduce,
+        nodata=args.nodata,
+    )
+    return p, result, dims, stride

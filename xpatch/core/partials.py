@@ -1,0 +1,346 @@
+"""Lazy overlap-add on the plan: a partial sum per group, combined per output block.
+
+Each group of patches of the :class:`~xpatch.core.plan.Plan` is added into the
+box it spans (:func:`partial_sums`, a :class:`Partial`); the pieces by which a
+box overhangs into neighbouring blocks are copied out once; each output block
+adds the pieces that reach it and normalises (:func:`combine_partials`). The
+placement and weight code is :mod:`xpatch.core.overlap_add`'s, so the eager and
+lazy paths give the same numbers.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import dask.array as da
+import numpy as np
+from dask.base import tokenize
+from dask.highlevelgraph import HighLevelGraph
+
+from xpatch.core.errors import PredictionError
+from xpatch.core.overlap_add import (
+    BlendWindow,
+    BlockWeights,
+    Reduction,
+    accumulation_dtype,
+    add_patches,
+    normalise,
+    place_patches,
+)
+from xpatch.core.plan import Plan
+from xpatch.core.regroup import row_sources
+
+
+@dataclass(frozen=True, eq=False)
+class Partial:
+    """What some patches add to a box of the grid, before normalising.
+
+    A lazy reconstruction adds each group of patches into the box they span (a
+    ``Partial``), cuts the box into the pieces that fall on each output block and
+    sums the pieces of a block. Where a group overhangs its block the pieces are
+    thin strips: only they, never whole groups of predictions, wait for the
+    neighbouring block.
+
+    Attributes
+    ----------
+    origin
+        Start of the box along the patched axes.
+    total
+        ``(*lead, *box)``: Σ w·x for ``"mean"`` and ``"sum"`` (0 where nothing
+        landed), or the running max / min (NaN where nothing landed).
+    weight
+        Σ w of the valid values when some value was NaN; None when all were valid,
+        and the window sums of :attr:`anchors` apply.
+    anchors
+        Anchors of the patches that reach the box.
+    """
+
+    origin: tuple[int, ...]
+    total: np.ndarray
+    weight: np.ndarray | None
+    anchors: np.ndarray
+
+    def crop(self, origin: Sequence[int], shape: Sequence[int], size: Sequence[int]):
+        """Return a copy of the part inside ``[origin, origin + shape)``, or None.
+
+        ``size`` is the patch size, to keep the anchors of the patches that reach
+        the part. A copy does not keep the whole box alive.
+        """
+        part = self.view(origin, shape, size)
+        if part is None:
+            return None
+        weight = None if part.weight is None else part.weight.copy()
+        return Partial(part.origin, part.total.copy(), weight, part.anchors)
+
+    def view(self, origin: Sequence[int], shape: Sequence[int], size: Sequence[int]):
+        """Return the part inside ``[origin, origin + shape)`` (views), or None."""
+        k = len(self.origin)
+        extent = self.total.shape[-k:]
+        lo = [max(a, b) for a, b in zip(self.origin, origin)]
+        hi = [min(a + n, b + m) for a, n, b, m in zip(self.origin, extent, origin, shape)]
+        if any(h <= low for low, h in zip(lo, hi)):
+            return None
+        index = (Ellipsis, *(slice(a - o, b - o) for a, b, o in zip(lo, hi, self.origin)))
+        reach = ((self.anchors < hi) & (self.anchors + np.asarray(size) > lo)).all(axis=1)
+        weight = None if self.weight is None else self.weight[index]
+        return Partial(tuple(lo), self.total[index], weight, self.anchors[reach])
+
+
+def partial_sums(
+    origin: Sequence[int],
+    box_shape: Sequence[int],
+    anchors: np.ndarray,
+    predictions: np.ndarray,
+    window: np.ndarray | BlendWindow,
+    reduce: Reduction,
+) -> Partial:
+    """Add one group of patches into the box ``[origin, origin + box_shape)``.
+
+    The counterpart of :func:`accumulate_groups` that does not normalise, so that
+    :func:`combine_partials` can add the partials of several groups.
+
+    Examples
+    --------
+    >>> part = partial_sums([0], [4], np.array([[0], [2]]), np.ones((2, 2)), np.ones(2), "mean")
+    >>> part.total.tolist(), part.weight
+    ([1.0, 1.0, 1.0, 1.0], None)
+    """
+    window = BlendWindow.of(window)
+    k = len(box_shape)
+    origin = tuple(int(o) for o in origin)
+    lead = predictions.shape[1 : predictions.ndim - k]
+    acc = accumulation_dtype(predictions.dtype)
+    out = np.empty((*lead, *(int(n) for n in box_shape)), dtype=acc)
+    placements = place_patches(origin, box_shape, [anchors], window.values.shape)
+    reaching = np.array([p.anchor for p in placements], dtype=np.int64).reshape(-1, k)
+    _, valid = add_patches(out, origin, box_shape, placements, [predictions], window, reduce, False)
+    return Partial(origin, out, valid, reaching)
+
+
+def combine_partials(
+    origin: Sequence[int],
+    block_shape: Sequence[int],
+    partials: Sequence[Partial],
+    window: np.ndarray | BlendWindow,
+    reduce: Reduction,
+    template: np.ndarray,
+) -> np.ndarray:
+    """Add the partials that fall on one block and normalise: the block's result.
+
+    Returns ``(*lead, *block_shape)`` in the accumulation dtype, NaN where nothing
+    valid landed, as :func:`accumulate_groups` does for the same patches.
+
+    Examples
+    --------
+    >>> w = np.ones(2)
+    >>> parts = [partial_sums([0], [3], np.array([[a]]), np.full((1, 2), v), w, "mean")
+    ...          for a, v in ((0, 1.0), (1, 3.0))]
+    >>> combine_partials([0], [3], parts, w, "mean", np.empty((0, 2))).tolist()
+    [1.0, 2.0, 3.0]
+    """
+    window = BlendWindow.of(window)
+    k = len(block_shape)
+    lead = template.shape[1 : template.ndim - k]
+    acc = accumulation_dtype(template.dtype)
+    out_shape = (*lead, *(int(n) for n in block_shape))
+    origin = [int(o) for o in origin]
+    pieces = []
+    for part in partials:
+        extent = part.total.shape[-k:]
+        inside = all(
+            a >= o and a + n <= o + m
+            for a, n, o, m in zip(part.origin, extent, origin, block_shape)
+        )
+        piece = part if inside else part.view(origin, block_shape, window.values.shape)
+        if piece is not None:
+            pieces.append(piece)
+
+    def region(piece: Partial) -> tuple:
+        extent = piece.total.shape[-k:]
+        offsets = [a - o for a, o in zip(piece.origin, origin)]
+        return (Ellipsis, *(slice(a, a + n) for a, n in zip(offsets, extent)))
+
+    if reduce in ("max", "min"):
+        out = np.full(out_shape, np.nan, dtype=acc)
+        combine = np.fmax if reduce == "max" else np.fmin
+        for piece in pieces:
+            combine(out[region(piece)], piece.total, out=out[region(piece)])
+        return out
+    out = np.zeros(out_shape, dtype=acc)
+    for piece in pieces:
+        out[region(piece)] += piece.total
+    real = np.empty(0, dtype=acc).real.dtype
+
+    def window_sums(box_origin, box_shape, anchors) -> BlockWeights:
+        placements = place_patches(box_origin, box_shape, [anchors], window.values.shape)
+        return BlockWeights(box_origin, box_shape, placements, window, real, normalise=False)
+
+    if all(piece.weight is None for piece in pieces):
+        anchors = np.concatenate([np.empty((0, k), np.int64), *(p.anchors for p in pieces)])
+        weights = window_sums(origin, block_shape, anchors)
+        if weights.covers_all():
+            if reduce == "mean":
+                np.divide(out, weights.total().astype(real), out=out)
+            return out
+        return normalise(out, weights.total(), reduce)
+    weight = np.zeros(out_shape, dtype=real)
+    for piece in pieces:
+        if piece.weight is not None:
+            weight[region(piece)] += piece.weight
+        else:
+            extent = piece.total.shape[-k:]
+            weight[region(piece)] += window_sums(piece.origin, extent, piece.anchors).total()
+    return normalise(out, weight, reduce)
+
+
+def _overhang_task(partial: Partial, blocks: list, size) -> dict:
+    # Copies: the pieces must not keep the partial's whole box alive.
+    return {block: partial.crop(origin, shape, size) for block, origin, shape in blocks}
+
+
+def _pick(part: Partial | dict, block: tuple) -> Partial | None:
+    return part.get(block) if isinstance(part, dict) else part
+
+
+def _combine_task(block, origin, block_shape, template_shape, dtype, window, reduce, *parts):
+    template = np.empty((0, *template_shape), dtype=dtype)
+    present = [p for p in (_pick(part, block) for part in parts) if p is not None]
+    return combine_partials(origin, block_shape, present, window, reduce, template)
+
+
+def assemble_blocks(
+    layer: dict,
+    partial_keys: dict[tuple[int, tuple[int, ...]], tuple],
+    plan: Plan,
+    lead_chunks: Sequence[Sequence[int]],
+    window_key: tuple,
+    window: BlendWindow,
+    reduce: Reduction,
+    dtype: np.dtype,
+    name: str,
+) -> tuple[tuple[int, ...], ...]:
+    """Add to ``layer`` one task per output block that combines the partials on it.
+
+    ``partial_keys[(g, lead_block)]`` is the key of group ``g``'s partial (over
+    its box in ``plan``) for one block of the lead axes. Output blocks are those
+    of ``plan.grid``. The block that holds a group's anchors reads the partial
+    itself; the pieces that overhang into other blocks are copied out by one
+    ``{name}-overhang`` task per partial, so a neighbouring block waits for those
+    thin pieces, not for the whole group. Returns the output's chunks.
+    """
+    grid = plan.grid
+    size = window.values.shape
+    per_block: dict[tuple[int, ...], list[tuple]] = {}
+    for (g, lead_block), key in partial_keys.items():
+        home, others = plan.reach[g]
+        per_block.setdefault((*lead_block, *home), []).append(key)
+        if others:
+            overhang = (f"{name}-overhang", g, *lead_block)
+            pieces = [(block, grid.origin(block), grid.extent(block)) for block in others]
+            layer[overhang] = (_overhang_task, key, pieces, size)
+            for block in others:
+                per_block.setdefault((*lead_block, *block), []).append(overhang)
+    for lead_block in itertools.product(*(range(len(c)) for c in lead_chunks)):
+        template_shape = (*(lead_chunks[j][b] for j, b in enumerate(lead_block)), *size)
+        for block in grid.blocks():
+            layer[(name, *lead_block, *block)] = (
+                _combine_task,
+                block,
+                grid.origin(block),
+                grid.extent(block),
+                template_shape,
+                dtype,
+                window_key,
+                reduce,
+                *per_block.get((*lead_block, *block), []),
+            )
+    return tuple(tuple(c) for c in lead_chunks) + grid.chunks
+
+
+def _partial_task(predictions, anchors, origin, box_shape, window, reduce, columns) -> Partial:
+    carried = None if columns is None else np.stack(columns, axis=1)
+    if carried is not None and not np.array_equal(carried, anchors):
+        bad = int(np.flatnonzero((np.asarray(carried) != anchors).any(axis=1))[0])
+        raise PredictionError(
+            f"a prediction carries anchor {np.asarray(carried)[bad].tolist()} where the patch "
+            f"at {anchors[bad].tolist()} belongs: lazy {{dim}}_anchor coordinates are checked, "
+            "not matched. Keep the predictions in the order of p.anchors(), or load the "
+            "anchor coordinates (pred.assign_coords({c: pred[c].compute() ...})) to have "
+            "them put in order."
+        )
+    return partial_sums(origin, box_shape, anchors, predictions, window, reduce)
+
+
+def overlap_add_dask(
+    predictions: da.Array,
+    plan: Plan,
+    window: np.ndarray | BlendWindow,
+    reduce: Reduction = "mean",
+    rows: np.ndarray | None = None,
+    carried_anchors: Sequence[da.Array] | None = None,
+) -> da.Array:
+    """Reconstruct dask predictions lazily: a partial per group, a task per output block.
+
+    The predictions of each group of the plan (for one block of the lead axes)
+    are added into the group's box (:func:`partial_sums`), read straight from
+    the chunk that holds them when the predictions are chunked as the plan
+    groups them, else gathered from the chunks that do (:mod:`~xpatch.core.regroup`):
+    predictions chunked any way along the patch axis give the same graph size
+    and task memory. Each output block (the plan's grid along the patched axes,
+    the prediction's chunks along the lead axes) adds the pieces of the partials
+    that reach it and normalises by the window sums of their anchors, which
+    depend on geometry alone (:func:`combine_partials`). The window enters the
+    graph once.
+
+    Parameters
+    ----------
+    predictions
+        ``(n, *lead, *patch)`` dask array; its patched axes are made whole.
+    plan
+        The plan over the patched axes (its grid is the output's).
+    window, reduce
+        As for :func:`accumulate_groups`.
+    rows
+        The row of ``predictions`` that holds each patch (in the user's order of
+        the plan); default: row ``i`` holds patch ``i``.
+    carried_anchors
+        Per patched axis, ``(n,)`` lazy anchors the predictions carry: each partial
+        checks its rows' against the plan's and raises
+        :class:`~xpatch.PredictionError` on a mismatch (computing them to match
+        them up would compute while building the graph).
+    """
+    k = plan.ndim
+    n_lead = predictions.ndim - 1 - k
+    window = BlendWindow.of(window)
+    predictions = predictions.rechunk({ax: -1 for ax in range(1 + n_lead, predictions.ndim)})
+    rows = plan.order if rows is None else np.asarray(rows, dtype=np.int64)[plan.order]
+    acc = accumulation_dtype(predictions.dtype)
+    token = tokenize(predictions, plan, rows, window.values, reduce, carried_anchors)
+    name = f"xpatch-overlap-add-{token}"
+    window_key = (f"xpatch-window-{token}",)
+    layer: dict = {window_key: window}
+    lead_chunks = predictions.chunks[1 : 1 + n_lead]
+    partial_keys = {}
+    for g, ((start, stop), (lo, shape)) in enumerate(zip(plan.groups, plan.boxes)):
+        for lead_block in itertools.product(*(range(len(c)) for c in lead_chunks)):
+            key = (f"{name}-partial", g, *lead_block)
+            source = row_sources(
+                predictions.name, predictions.chunks[0], rows[start:stop], (*lead_block, *[0] * k)
+            )
+            anchors = plan.group_anchors(g)
+            carried = None
+            if carried_anchors is not None:
+                carried = [
+                    row_sources(column.name, column.chunks[0], rows[start:stop], ())
+                    for column in carried_anchors
+                ]
+            layer[key] = (_partial_task, source, anchors, lo, shape, window_key, reduce, carried)
+            partial_keys[(g, lead_block)] = key
+    chunks = assemble_blocks(
+        layer, partial_keys, plan, lead_chunks, window_key, window, reduce, acc, name
+    )
+    dependencies = [predictions, *(carried_anchors or [])]
+    graph = HighLevelGraph.from_collections(name, layer, dependencies=dependencies)
+    return da.Array(graph, name, chunks, dtype=acc, meta=np.empty((0,) * (n_lead + k), acc))

@@ -1,0 +1,224 @@
+"""Run the store tasks of a write on the local scheduler in waves of a few blocks.
+
+One dask computation over all the blocks of an output lets the local threaded
+scheduler start many block rows at once, each holding its input chunks and patch
+groups, so memory grows with the output. :func:`plan_waves` splits the store tasks
+into waves of a few blocks, in row-major block order; :func:`run_in_waves`
+computes them one wave after another, keeping between waves only the thin pieces
+by which patch groups overhang into blocks still to come. :mod:`xpatch.io`
+decides when waves are used (:func:`waves_fit_the_scheduler`, no
+``dask.distributed`` client, a plan that does not recompute too much).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+import sys
+import time
+from typing import Any
+
+import dask
+import dask.local
+from dask.callbacks import Callback
+from dask.core import get_dependencies
+from dask.optimization import cull
+from dask.threaded import get as threaded_get
+
+from xpatch.core.overlap_add import worker_count
+
+#: Names of the store tasks of a write start with this; the progress bar counts them.
+STORE_TASK_PREFIX = "xpatch-write-"
+
+#: A wave holds at least this many blocks per worker thread, to keep the cores busy.
+BLOCKS_PER_THREAD = 2
+
+#: Waves are given up when, together, they would run this many times the tasks of
+#: one computation (a result that mixes distant blocks, such as ``r / r.max()``).
+WAVE_OVERHEAD = 2.0
+
+
+def waves_fit_the_scheduler() -> bool:
+    """Tell whether the active dask scheduler suits waves.
+
+    Waves suit the threaded and synchronous schedulers, not a process pool per wave.
+
+    Returns
+    -------
+    bool
+        True on the threaded or synchronous scheduler (or none configured).
+    """
+    scheduler = dask.base.get_scheduler()
+    return scheduler is None or scheduler in (threaded_get, dask.local.get_sync)
+
+
+def _constant(value: Any) -> Any:
+    return value
+
+
+def _is_overhang(key: Any) -> bool:
+    return "-overhang" in str(key[0] if isinstance(key, tuple) else key)
+
+
+def plan_waves(graph: dict, indices: dict) -> tuple | None:
+    """Split the store tasks into waves of a few blocks, in row-major block order.
+
+    Walks the waves as they will run, with the overhangs of earlier waves kept.
+
+    Parameters
+    ----------
+    graph
+        The whole task graph, store tasks included.
+    indices
+        Each store task's key -> the index of the block it writes.
+
+    Returns
+    -------
+    tuple or None
+        The graph, the waves, the wave that computes each overhang, and for each
+        key the last wave that reads it (the arguments of :func:`run_in_waves`);
+        or None when the waves would recompute too much.
+    """
+    ordered = sorted(indices, key=lambda key: (indices[key], str(key)))
+    size = BLOCKS_PER_THREAD * worker_count()
+    waves = [ordered[i : i + size] for i in range(0, len(ordered), size)]
+    dependencies = {key: get_dependencies(graph, key) for key in graph}
+    first: dict = {}  # overhang -> the wave that computes (and keeps) it
+    computed_in: dict = {}
+    last_read: dict = {}
+    visits = 0
+    for number, keys in enumerate(waves):
+        seen: set = set()
+        stack = list(keys)
+        while stack:
+            key = stack.pop()
+            if key in seen:
+                continue
+            seen.add(key)
+            last_read[key] = number
+            if _is_overhang(key):
+                # Computed, and kept, in the wave that computes its patch group.
+                group_wave = min(computed_in.get(d, number) for d in dependencies[key])
+                first.setdefault(key, group_wave)
+                if first[key] < number:
+                    continue  # kept from an earlier wave: read, not recomputed
+            computed_in.setdefault(key, number)
+            stack.extend(dependencies[key])
+        visits += len(seen)
+    if visits > WAVE_OVERHEAD * len(last_read):
+        return None
+    return graph, waves, first, last_read
+
+
+def run_in_waves(graph: dict, waves: list, first: dict, last_read: dict, progress: bool) -> int:
+    """Compute the store tasks wave by wave.
+
+    One dask computation over all blocks lets the local scheduler start many block
+    rows at once, each holding its input chunks and patch groups, so memory grows
+    with the output. Waves bound it: each computes a few blocks, and the only
+    results kept from one wave for later ones are the thin overhang pieces of its
+    patch groups (keys with ``-overhang`` in their name) that blocks still to come
+    read; input chunks a later wave shares are read again rather than held. Each
+    patch group is computed once, in the wave of its home block, when every block
+    of the result depends on nearby blocks only.
+
+    Parameters
+    ----------
+    graph, waves, first, last_read
+        The plan made by :func:`plan_waves`; ``graph`` is changed in place.
+    progress
+        Show a text progress bar of the blocks written.
+
+    Returns
+    -------
+    int
+        The sum of the store tasks' results: the number of blocks written.
+    """
+    scheduler = dask.base.get_scheduler() or threaded_get
+    bar = _BlockProgress(sum(map(len, waves))) if progress else contextlib.nullcontext()
+    written = 0
+    carried: dict = {}  # overhang key -> its pieces, standing in the graph
+    with bar:
+        for number, keys in enumerate(waves):
+            keep = [k for k, start in first.items() if start == number and last_read[k] > number]
+            culled, _ = cull(graph, keys + keep)
+            values = scheduler(culled, keys + keep)
+            written += sum(values[: len(keys)])
+            carried.update(zip(keep, values[len(keys) :]))
+            del values
+            for key in list(carried):
+                if last_read[key] <= number:
+                    del carried[key], graph[key]  # its last reader has run
+                    continue
+                carried[key] = _unread_pieces(key, carried[key], last_read, number)
+                graph[key] = (functools.partial(_constant, carried[key]),)
+            _trim_memory()
+    return written
+
+
+def _unread_pieces(key: tuple, pieces: Any, last_read: dict, number: int) -> Any:
+    """Drop the pieces of an overhang that no wave after ``number`` reads.
+
+    An overhang ``(f"{name}-overhang", group, *lead_block)`` maps blocks to pieces;
+    the block's combine task is ``(name, *lead_block, *block)``.
+    """
+    if not isinstance(pieces, dict):
+        return pieces
+    name = str(key[0]).removesuffix("-overhang")
+    lead_block = tuple(key[2:])
+    return {
+        block: piece
+        for block, piece in pieces.items()
+        if last_read.get((name, *lead_block, *block), -1) > number
+    }
+
+
+def _trim_memory() -> None:
+    """Hand memory freed by a wave back to the OS.
+
+    glibc keeps freed large blocks for reuse, so the resident size would stay at
+    the peak of the busiest wave; dask.distributed trims its workers the same way.
+    """
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:  # not glibc
+        return
+    libc.malloc_trim(0)
+
+
+class _BlockProgress(Callback):
+    """A text progress bar of blocks written, across the waves of one write."""
+
+    def __init__(self, total: int, width: int = 40) -> None:
+        super().__init__()
+        self.total = total
+        self.done = 0
+        self.width = width
+        self.started = time.perf_counter()
+
+    def __enter__(self) -> _BlockProgress:
+        super().__enter__()
+        self._draw()
+        return self
+
+    def __exit__(self, *args: object) -> None:
+        super().__exit__(*args)
+        self._draw()
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+
+    def _posttask(self, key, result, dsk, state, worker_id) -> None:
+        if isinstance(key, tuple) and str(key[0]).startswith(STORE_TASK_PREFIX):
+            self.done += 1
+            self._draw()
+
+    def _draw(self) -> None:
+        fraction = self.done / self.total if self.total else 1.0
+        filled = int(self.width * fraction)
+        elapsed = time.perf_counter() - self.started
+        sys.stdout.write(
+            f"\r[{'#' * filled}{' ' * (self.width - filled)}] | {fraction:4.0%} Completed | "
+            f"{self.done}/{self.total} blocks | {elapsed:.1f}s"
+        )
+        sys.stdout.flush()
