@@ -533,3 +533,27 @@ except ImportError as error:
 def test_the_source_works_without_grain_and_the_shuffle_says_what_to_install():
     out = run_script(NO_GRAIN)
     assert 'pip install "xarray-patch[grain]"' in out
+
+
+@pytest.mark.parametrize("lazy", [False, True], ids=["numpy", "dask"])
+def test_a_dataset_with_mixed_dims_feeds_every_variable(lazy):
+    # A static mask(lat, lon) beside t2m(time, lat, lon), patched along all three.
+    rng = np.random.default_rng(0)
+    ds = xr.Dataset(
+        {
+            "t2m": (("time", "lat", "lon"), rng.random((5, 11, 13))),
+            "mask": (("lat", "lon"), rng.random((11, 13))),
+        }
+    )
+    source = ds.chunk({"lat": 6, "lon": 7}) if lazy else ds
+    p = source.patch(time=2, lat=4, lon=5, stride={"lat": 3})
+    src = p.to_grain()
+    assert src.variables == ("t2m", "mask")
+    for i in range(len(src)):
+        item = src[i]
+        t, y, x = item["anchor"]
+        np.testing.assert_array_equal(item["mask"], ds["mask"].values[y : y + 4, x : x + 5])
+        np.testing.assert_array_equal(
+            item["t2m"], ds["t2m"].values[t : t + 2, y : y + 4, x : x + 5]
+        )
+    xr.testing.assert_allclose(p.reconstruct(p.patches()).compute(), ds)
