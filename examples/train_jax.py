@@ -7,9 +7,13 @@ a per-pixel logistic model can learn. The pipeline:
 
 Training saves a checkpoint (model parameters and the Grain iterator's state) and
 a later run resumes from it with exactly the next batch: ``--steps 20`` in one go
-gives the same parameters as ``--steps 12`` then ``--steps 20 --resume``. Then the
-model predicts every patch, in the pipeline's order, and the predictions go back
-to the grid with ``p.reconstruct``.
+gives the same parameters as ``--steps 12`` then ``--steps 20 --resume``. The
+pipeline ends with ``.pipe(src.with_fingerprint)``, so the saved state carries the
+source's fingerprint (its data and patch layout): resuming with another layout,
+say ``--stride 32`` after a run with the default 48, is refused with a message
+instead of continuing at the same position in other patches. Then the model
+predicts every patch, in the pipeline's order, and the predictions go back to the
+grid with ``p.reconstruct``.
 
 Run ``python examples/train_jax.py`` (add ``--workers 2`` for Grain worker
 processes; needs ``pip install "xarray-patch[grain]" jax``).
@@ -29,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 import xarray as xr
 
-import xpatch  # noqa: F401  (registers .patch)
+import xpatch
 
 TRUE_WEIGHTS = np.array([2.0, -1.0, 0.5], dtype=np.float32)
 
@@ -69,7 +73,8 @@ def pipeline(src, workers: int) -> grain.IterDataset:
     ds = src.chunk_shuffle(seed=42).repeat().batch(16, drop_remainder=True).to_iter_dataset()
     if workers:
         ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers))
-    return ds
+    # Last, after mp_prefetch: the state names the source, and set_state refuses another.
+    return ds.pipe(src.with_fingerprint)
 
 
 def save_checkpoint(path: Path, step: int, params: dict, iterator_state: dict) -> None:
@@ -85,16 +90,26 @@ def load_checkpoint(path: Path) -> tuple[int, dict, dict]:
     return saved["step"], params, saved["iterator"]
 
 
-def train(steps: int, checkpoint: Path, resume: bool, workers: int) -> tuple[dict, list[float]]:
-    """Train to ``steps`` steps, resuming from ``checkpoint`` if asked; save it at the end."""
+def train(
+    steps: int, checkpoint: Path, resume: bool, workers: int, stride: int = 48
+) -> tuple[dict, list[float]]:
+    """Train to ``steps`` steps, resuming from ``checkpoint`` if asked; save it at the end.
+
+    A checkpoint saved from another source (other data, stride, ...) raises
+    ``xpatch.OptionError`` naming both fingerprints, before any step.
+    """
     scene = make_scene()
-    p = scene.patch(y=64, x=64, stride=48, window="hann")
+    p = scene.patch(y=64, x=64, stride=stride, window="hann")
     src = p.to_grain()
     iterator = iter(pipeline(src, workers))
     step, params = 0, {"w": jnp.zeros(3, jnp.float32), "b": jnp.zeros((), jnp.float32)}
     if resume:
         step, params, state = load_checkpoint(checkpoint)
-        iterator.set_state(state)
+        try:
+            iterator.set_state(state)  # refused unless state["xpatch_fingerprint"] matches
+        except xpatch.OptionError:
+            iterator.close()  # stops the worker processes before the error reaches the caller
+            raise
     losses = []
     while step < steps:
         batch = next(iterator)
@@ -106,10 +121,10 @@ def train(steps: int, checkpoint: Path, resume: bool, workers: int) -> tuple[dic
     return params, losses
 
 
-def infer(params: dict) -> tuple[xr.DataArray, xr.DataArray]:
+def infer(params: dict, stride: int = 48) -> tuple[xr.DataArray, xr.DataArray]:
     """Predict every patch through a sequential pipeline and reconstruct the grid."""
     scene = make_scene()
-    p = scene.patch(y=64, x=64, stride=48, window="hann")
+    p = scene.patch(y=64, x=64, stride=stride, window="hann")
     src = p.to_grain(variables=["image"])
     outputs, indices = [], []
     for batch in grain.MapDataset.source(src).batch(32):
@@ -127,13 +142,22 @@ def main(argv: list[str] | None = None) -> dict:
     )
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--workers", type=int, default=0)
+    parser.add_argument(
+        "--stride", type=int, default=48, help="patch stride; a resume needs the saved one"
+    )
     args = parser.parse_args(argv)
     if args.resume and args.checkpoint is None:
         parser.error("--resume needs --checkpoint PATH, the file an earlier run saved")
     with tempfile.TemporaryDirectory() as tmp:
         checkpoint = args.checkpoint or Path(tmp) / "checkpoint.pkl"
-        params, losses = train(args.steps, checkpoint, args.resume, args.workers)
-    probability, mask = infer(params)
+        try:
+            params, losses = train(args.steps, checkpoint, args.resume, args.workers, args.stride)
+        except xpatch.OptionError as error:
+            if not args.resume:
+                raise
+            # A checkpoint of another source (data or layout): say why, exit with status 2.
+            parser.error(f"cannot resume from {checkpoint}: {error}")
+    probability, mask = infer(params, args.stride)
     accuracy = float(((probability.values > 0.5) == (mask.values > 0.5)).mean())
     print(
         f"trained to step {args.steps}: loss {losses[0]:.3f} -> {losses[-1]:.3f}"

@@ -32,6 +32,25 @@ def test_jax_training_resumes_at_the_exact_next_batch_and_learns(tmp_path):
     assert straight["accuracy"] > 0.95
 
 
+def test_jax_training_refuses_to_resume_a_checkpoint_of_another_layout(tmp_path, capsys):
+    pytest.importorskip("jax")
+    pytest.importorskip("grain")
+    example = load("train_jax")
+    checkpoint = tmp_path / "c.pkl"
+    example.main(["--steps", "3", "--checkpoint", str(checkpoint)])
+    saved = checkpoint.read_bytes()
+    with pytest.raises(SystemExit) as refused:
+        example.main(["--steps", "6", "--checkpoint", str(checkpoint), "--resume", "--stride=32"])
+    assert refused.value.code == 2
+    message = capsys.readouterr().err
+    scene = example.make_scene()
+    for stride in (48, 32):
+        fingerprint = scene.patch(y=64, x=64, stride=stride, window="hann").to_grain().fingerprint
+        assert fingerprint in message
+    assert "cannot resume from" in message and "rebuild the source as it was saved" in message
+    assert checkpoint.read_bytes() == saved  # refused before a step, nothing overwritten
+
+
 def test_the_source_is_a_pytorch_map_style_dataset():
     pytest.importorskip("torch")
     result = load("torch_dataset").main(["--epochs", "2"])

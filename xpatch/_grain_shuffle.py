@@ -1,15 +1,85 @@
-"""The chunk-local shuffle as a ``grain.MapDataset`` (imports grain)."""
+"""The Grain datasets xpatch owns: the chunk-local shuffle and the fingerprinted state.
+
+This module imports grain; :mod:`xpatch.grain` imports it only when a pipeline
+method is called, so the data source itself needs only numpy.
+
+grain 0.2.18 keeps no state in a ``MapDataset``: the iterator of
+``map_dataset.to_iter_dataset()`` saves ``{"next_index": n}`` whatever the
+datasets before it, so no ``MapDataset`` can add the source's fingerprint to a
+checkpoint. An ``IterDataset`` can: :class:`FingerprintIterDataset` nests its
+parent's state under the fingerprint and refuses a state saved from another source.
+"""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grain
 import numpy as np
 
+from xpatch.core.errors import OptionError
 from xpatch.core.shuffle import check_seed, chunk_local_permutation
+
+if TYPE_CHECKING:
+    from xpatch.grain import PatchSource
+
+#: Keys of a fingerprinted iterator state: the source's fingerprint, a readable
+#: description of its layout (for the error message), and the pipeline's own state.
+FINGERPRINT_KEY = "xpatch_fingerprint"
+LAYOUT_KEY = "xpatch_layout"
+PIPELINE_KEY = "pipeline"
+
+#: Longest layout description kept in a state: explicit anchors print long, and a
+#: state placed before ``mp_prefetch`` travels with every element.
+LAYOUT_CHARS = 400
+
+
+def chunk_shuffle(
+    source: PatchSource, dataset: Any, seed: int, shard_options: Any
+) -> ChunkShuffleMapDataset:
+    """Build ``source.chunk_shuffle(dataset, seed=..., shard_options=...)`` (see there)."""
+    if dataset is None:
+        dataset = grain.MapDataset.source(source)
+    groups = source.chunk_of_patch()
+    if len(dataset) != len(groups):
+        raise OptionError(
+            f"dataset has {len(dataset)} elements and the source {len(groups)} patches; "
+            "chunk_shuffle needs element i to be patch i: shuffle before filter, batch "
+            "or slicing (use shard_options= to shard)."
+        )
+    members = None
+    if shard_options is not None:
+        # Split the patches in chunk order, not index order: explicit anchors keep
+        # the caller's order, and a run of it could span every chunk.
+        start, stop = shard_range(len(groups), shard_options)
+        members = np.argsort(groups, kind="stable")[start:stop]
+    return ChunkShuffleMapDataset(dataset, groups=groups, seed=seed, members=members, source=source)
+
+
+def shard_range(count: int, shard_options: Any) -> tuple[int, int]:
+    """``(start, stop)`` of a shard's contiguous run, split as Grain's ``IndexSampler`` does.
+
+    Examples
+    --------
+    >>> from types import SimpleNamespace as Options
+    >>> [shard_range(10, Options(shard_index=i, shard_count=3, drop_remainder=False))
+    ...  for i in range(3)]
+    [(0, 4), (4, 7), (7, 10)]
+    """
+    index, shards = int(shard_options.shard_index), int(shard_options.shard_count)
+    if not 0 <= index < shards:
+        raise OptionError(
+            f"shard_options has shard_index={index} and shard_count={shards}; the index must "
+            "be in [0, shard_count)."
+        )
+    per_shard, remainder = divmod(count, shards)
+    start, stop = per_shard * index, per_shard * (index + 1)
+    if not shard_options.drop_remainder:
+        start += min(index, remainder)
+        stop += min(index + 1, remainder)
+    return start, stop
 
 
 class ChunkShuffleMapDataset(grain.MapDataset):
@@ -17,6 +87,11 @@ class ChunkShuffleMapDataset(grain.MapDataset):
 
     Element ``i`` of epoch ``e`` (index ``e * len + i``) is the parent's element
     ``e * len + perm_e[i]``, where ``perm_e`` depends on ``(seed, e)`` only.
+
+    Its iterator (``.to_iter_dataset()``, or iterating it) carries the source's
+    fingerprint in its state, as :meth:`xpatch.grain.PatchSource.with_fingerprint`
+    does; after ``.batch``, ``.map`` or ``.repeat`` that iterator is Grain's, so
+    end such pipelines with ``.pipe(src.with_fingerprint)``.
 
     Parameters
     ----------
@@ -28,6 +103,8 @@ class ChunkShuffleMapDataset(grain.MapDataset):
         ``0 <= seed < 2**32``.
     members
         The parent's elements to serve (a shard); default all of them.
+    source
+        The :class:`~xpatch.grain.PatchSource` whose patches ``parent`` serves.
     """
 
     _MUTATES_ELEMENT_SPEC = False
@@ -39,11 +116,13 @@ class ChunkShuffleMapDataset(grain.MapDataset):
         groups: np.ndarray,
         seed: int,
         members: np.ndarray | None = None,
+        source: PatchSource | None = None,
     ) -> None:
         super().__init__(parent)
         self._seed = check_seed(seed)
         self._members = np.arange(len(parent)) if members is None else np.asarray(members)
         self._groups = np.asarray(groups)[self._members]
+        self._source = source
         self._lock = threading.Lock()
         self._permutations: dict[int, np.ndarray] = {}
 
@@ -62,6 +141,15 @@ class ChunkShuffleMapDataset(grain.MapDataset):
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
         self._lock = threading.Lock()
+
+    def to_iter_dataset(
+        self, read_options: Any = None, *, allow_nones: bool = False
+    ) -> grain.IterDataset:
+        """``grain.MapDataset.to_iter_dataset``, with the source's fingerprint in its state."""
+        iter_dataset = super().to_iter_dataset(read_options, allow_nones=allow_nones)
+        if self._source is None:
+            return iter_dataset
+        return FingerprintIterDataset.wrap(iter_dataset, self._source)
 
     def permutation(self, epoch: int) -> np.ndarray:
         """Return the order of epoch ``epoch``: positions in ``members``."""
@@ -89,3 +177,109 @@ class ChunkShuffleMapDataset(grain.MapDataset):
 
     def _getitems(self, indices: Sequence[int]) -> Any:
         return self._parent._getitems([self._shuffled_index(i) for i in indices])
+
+
+class FingerprintIterDataset(grain.IterDataset):
+    """An ``IterDataset`` whose iterator state carries a source's fingerprint.
+
+    ``get_state()`` is ``{"xpatch_fingerprint": ..., "xpatch_layout": ...,
+    "pipeline": <the parent's state>}`` (strings and the parent's state, so it
+    stays JSON-serialisable for Orbax); ``set_state`` raises
+    :class:`~xpatch.OptionError` for a state saved from a source with another
+    fingerprint, or without one, before touching the parent. Build it with
+    :meth:`xpatch.grain.PatchSource.with_fingerprint`.
+    """
+
+    def __init__(self, parent: grain.IterDataset, fingerprint: str, layout: str) -> None:
+        super().__init__(parent)
+        self._fingerprint = fingerprint
+        self._layout = layout
+
+    @classmethod
+    def wrap(cls, dataset: Any, source: PatchSource) -> FingerprintIterDataset:
+        """``dataset`` with ``source``'s fingerprint in its state (itself if it has it already)."""
+        if isinstance(dataset, grain.MapDataset):
+            raise OptionError(
+                f"with_fingerprint got a MapDataset ({dataset}); it wraps an IterDataset, whose "
+                "iterator has a state: call .to_iter_dataset() first, e.g. "
+                "ds.to_iter_dataset().pipe(src.with_fingerprint)."
+            )
+        if not isinstance(dataset, grain.IterDataset):
+            raise OptionError(
+                f"with_fingerprint got a {type(dataset).__name__}; pass a grain.IterDataset, "
+                "e.g. grain.MapDataset.source(src).to_iter_dataset()."
+            )
+        fingerprint = source.fingerprint
+        if isinstance(dataset, cls) and dataset.fingerprint == fingerprint:
+            return dataset
+        layout = f"{source.patcher!r}, variables {source.variables}"
+        if len(layout) > LAYOUT_CHARS:
+            layout = layout[: LAYOUT_CHARS - 3] + "..."
+        return cls(dataset, fingerprint, layout)
+
+    @property
+    def fingerprint(self) -> str:
+        """The fingerprint the states of this dataset's iterators carry."""
+        return self._fingerprint
+
+    def __iter__(self) -> grain.DatasetIterator:
+        return _FingerprintIterator(self._parent.__iter__(), self._fingerprint, self._layout)
+
+    def __str__(self) -> str:
+        return f"FingerprintIterDataset(fingerprint={self._fingerprint})"
+
+
+class _FingerprintIterator(grain.DatasetIterator):
+    """The iterator of :class:`FingerprintIterDataset`: the parent's, with a checked state."""
+
+    _MUTATES_ELEMENT_SPEC = False
+
+    def __init__(self, parent: grain.DatasetIterator, fingerprint: str, layout: str) -> None:
+        super().__init__(parent)
+        self._fingerprint = fingerprint
+        self._layout = layout
+
+    def __next__(self) -> Any:
+        return next(self._parent)
+
+    def get_state(self) -> dict[str, Any]:
+        return {
+            FINGERPRINT_KEY: self._fingerprint,
+            LAYOUT_KEY: self._layout,
+            PIPELINE_KEY: self._parent.get_state(),
+        }
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        if not isinstance(state, dict) or FINGERPRINT_KEY not in state or PIPELINE_KEY not in state:
+            keys = sorted(state) if isinstance(state, dict) else type(state).__name__
+            raise OptionError(
+                f"set_state got a state without {FINGERPRINT_KEY!r} (it has {keys}): it was "
+                "saved from a pipeline that did not end with .pipe(src.with_fingerprint), so "
+                "nothing says which source it belongs to. Restore it into that pipeline, or, "
+                f"if it was saved from this very source, pass {{{FINGERPRINT_KEY!r}: "
+                f"src.fingerprint, {PIPELINE_KEY!r}: state}}."
+            )
+        saved = state[FINGERPRINT_KEY]
+        if saved != self._fingerprint:
+            saved_layout = state.get(LAYOUT_KEY, "not recorded")
+            raise OptionError(
+                f"set_state: the checkpoint was saved from an xpatch source with fingerprint "
+                f"{saved!r} and this pipeline reads one with fingerprint {self._fingerprint!r}: "
+                "another layout (size, stride, window, boundary, sampler, anchors, pad_value, "
+                "variables, transform) or other data, so resuming would continue at the same "
+                f"position in other patches. Saved: {saved_layout}. Now: {self._layout}. "
+                "Where the two read the same, the data differ. To resume, rebuild the source "
+                "as it was saved (the same data and the same patch(...) and to_grain(...) "
+                "arguments); to train on this source, start its pipeline from the beginning "
+                "(no set_state)."
+            )
+        self._parent.set_state(state[PIPELINE_KEY])
+
+    def _get_next_index(self) -> int:
+        return self._parent._get_next_index()
+
+    def _set_next_index(self, index: int) -> None:
+        self._parent._set_next_index(index)
+
+    def __str__(self) -> str:
+        return f"FingerprintIterDataset(fingerprint={self._fingerprint})"

@@ -127,8 +127,9 @@ class PatchSource:
 
     The source pickles without its cache: every worker process of
     ``mp_prefetch`` or ``DataLoader(worker_count>0)`` reopens lazily opened
-    files and fills its own cache. Its ``repr`` is a deterministic digest of the
-    data and the layout, which Grain's checkpoints compare.
+    files and fills its own cache. Its :attr:`fingerprint` identifies data and
+    layout in every process: ``repr`` shows it (``DataLoader`` checkpoints compare
+    it) and :meth:`with_fingerprint` puts it in a pipeline's checkpoints.
 
     Parameters
     ----------
@@ -226,7 +227,7 @@ class PatchSource:
                 )
         self._cache_bytes = int(cache_bytes)
         self._cache = ChunkCache(self._cache_bytes)
-        self._repr = self._describe(obj)
+        self._fingerprint: str | None = None  # computed on first use: it may hash the data
 
     # -- protocol -------------------------------------------------------------------
 
@@ -254,7 +255,11 @@ class PatchSource:
         return item
 
     def __repr__(self) -> str:
-        return self._repr
+        size = ", ".join(f"{d}: {s}" for d, s in self._patcher.size.items())
+        return (
+            f"xpatch.PatchSource({len(self)} patches of ({size}) from a "
+            f"{type(self._patcher.obj).__name__} {self.variables}, fingerprint={self.fingerprint})"
+        )
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
@@ -350,20 +355,50 @@ class PatchSource:
             return np.zeros(len(self), dtype=np.int64)
         return self._patcher.plan.chunk_of_patch()
 
-    def _describe(self, obj: xr.DataArray | xr.Dataset) -> str:
-        p = self._patcher
-        digest = tokenize(
-            [(plan.name, plan.var.dims, data_token(plan.var)) for plan in self._plans],
-            self._anchors,
-            self._window,
-            [plan.pad_value for plan in self._plans],
-            self._transforms,
-        )
-        size = ", ".join(f"{d}: {s}" for d, s in p.size.items())
-        return (
-            f"xpatch.PatchSource({len(self)} patches of ({size}) from a "
-            f"{type(obj).__name__} {self.variables}, digest={digest})"
-        )
+    @property
+    def fingerprint(self) -> str:
+        """16 hex digits that identify the patches this source serves: layout and data.
+
+        It covers the patched dims, size, stride, boundary, window and
+        ``pad_value``; the sampler's kind and its anchors in order (``min_valid``
+        acts through them); the variables served (names, dims, shapes, dtypes);
+        ``transform=True``; and each variable's data token: the graph's name for
+        dask data (xarray derives it from the file's path and modification time), a
+        hash of the values for data in memory, path and modification time for a file
+        opened without dask chunks. The same construction gives the same fingerprint
+        in every process. Data rewritten in place under the same path and time (a
+        zarr store's time is its folder's) keeps it: write new data to a new path.
+
+        Computed on first use (``repr`` shows it) and pickled with the source. Dask
+        and file data cost nothing (no chunk is read); data in memory costs one hash
+        of its bytes (about 1 GB/s).
+
+        Examples
+        --------
+        >>> import numpy as np, xarray as xr, xpatch
+        >>> da_ = xr.DataArray(np.zeros((64, 64), "float32"), dims=("y", "x"))
+        >>> fp = da_.patch(y=32, x=32, stride=16).to_grain().fingerprint
+        >>> len(fp), fp == da_.patch(y=32, x=32, stride=16).to_grain().fingerprint
+        (16, True)
+        >>> fp in {da_.patch(y=32, x=32, stride=8).to_grain().fingerprint,
+        ...        (da_ + 1).patch(y=32, x=32, stride=16).to_grain().fingerprint}
+        False
+        """
+        if self._fingerprint is None:
+            p, g = self._patcher, self._patcher.geometry
+            variables = [
+                (v.name, v.var.dims, v.var.shape, str(v.dtype), v.pad_value, data_token(v.var))
+                for v in self._plans
+            ]
+            # Files opened without dask chunks (not in memory): zarr names its path on the Dataset.
+            unread = [v for v in self._plans if not (v.lazy or getattr(v.var, "_in_memory", 1))]
+            self._fingerprint = tokenize(
+                ("xpatch.PatchSource v1", type(p.obj).__name__, p.dims, g.shape, g.size),
+                (g.stride, g.boundary, type(p.sampler).__qualname__, self._anchors),
+                (p.blend_window.values, variables, self._transforms),
+                p.obj.encoding.get("source") if unread else None,
+            )[:16]
+        return self._fingerprint
 
     # -- pipelines --------------------------------------------------------------------
 
@@ -390,15 +425,13 @@ class PatchSource:
         """Shuffle chunk by chunk: chunks in a random order, their patches in a random order.
 
         Every epoch (every pass of ``len(self)`` indices, as after ``.repeat()``)
-        has its own permutation, the same in every process for the same seed.
-        One chunk's patches come together, so a cache much smaller than the data
-        serves the epoch; a global ``.shuffle`` touches chunks at random and reads
-        each chunk many times unless the cache holds the whole array. Patches
-        that straddle chunk borders also need neighbouring chunks, which a small
-        cache has often dropped: on 4 x 4 chunks with half of them cached, a
-        chunk-local epoch reads each chunk about twice, a global one about 19
-        times (``docs/grain.md`` has the figures). Use it when the data is larger
-        than the cache; if batches need more mixing, shuffle the batches too.
+        has its own permutation, the same in every process for the same seed. One
+        chunk's patches come together, so a cache much smaller than the data serves
+        the epoch, where a global ``.shuffle`` reads each chunk many times: with half
+        of 4 x 4 chunks cached, about 2 reads per chunk against 19 (figures in
+        ``docs/grain.md``; patches that straddle chunk borders need their neighbours).
+        Use it when the data is larger than the cache; shuffle the batches if they
+        need more mixing. Its own iterators carry :attr:`fingerprint` in their state.
 
         Parameters
         ----------
@@ -429,25 +462,54 @@ class PatchSource:
         >>> sorted(order) == list(range(16)), int((np.diff(chunks) != 0).sum())
         (True, 3)
         """
-        grain = require_grain()
-        from xpatch._grain_shuffle import ChunkShuffleMapDataset
+        require_grain()
+        from xpatch._grain_shuffle import chunk_shuffle
 
-        if dataset is None:
-            dataset = grain.MapDataset.source(self)
-        groups = self.chunk_of_patch()
-        if len(dataset) != len(groups):
-            raise OptionError(
-                f"dataset has {len(dataset)} elements and the source {len(groups)} patches; "
-                "chunk_shuffle needs element i to be patch i: shuffle before filter, batch "
-                "or slicing (use shard_options= to shard)."
-            )
-        members = None
-        if shard_options is not None:
-            # Split the patches in chunk order, not index order: explicit anchors keep
-            # the caller's order, and a run of it could span every chunk.
-            start, stop = shard_range(len(groups), shard_options)
-            members = np.argsort(groups, kind="stable")[start:stop]
-        return ChunkShuffleMapDataset(dataset, groups=groups, seed=seed, members=members)
+        return chunk_shuffle(self, dataset, seed, shard_options)
+
+    def with_fingerprint(self, dataset: Any) -> Any:
+        """Put this source's :attr:`fingerprint` in the state of ``dataset``'s iterators.
+
+        Grain's ``MapDataset`` pipelines save only a position (``{"next_index": n}``),
+        which ``set_state`` applies to a pipeline over any source. Ending a pipeline
+        with ``.pipe(src.with_fingerprint)`` nests that position under the
+        fingerprint; ``set_state`` then raises :class:`~xpatch.OptionError` for a
+        state saved from another source, or without a fingerprint. Put it last, after
+        ``mp_prefetch``: before it, a worker refuses at the first ``next`` instead.
+        Iterators of ``src.chunk_shuffle(...)`` itself carry the fingerprint already.
+
+        Parameters
+        ----------
+        dataset
+            A ``grain.IterDataset`` over this source's patches.
+
+        Returns
+        -------
+        grain.IterDataset
+            The same elements; state ``{"xpatch_fingerprint", "xpatch_layout", "pipeline"}``.
+
+        Examples
+        --------
+        >>> import grain, numpy as np, xarray as xr, xpatch
+        >>> da_ = xr.DataArray(np.zeros((64, 64)), dims=("y", "x")).chunk(32)
+        >>> def pipeline(src):
+        ...     return grain.MapDataset.source(src).batch(2).to_iter_dataset().pipe(
+        ...         src.with_fingerprint)
+        >>> src = da_.patch(y=16, x=16).to_grain()
+        >>> iterator = iter(pipeline(src))
+        >>> _ = next(iterator)
+        >>> state = iterator.get_state()
+        >>> state["xpatch_fingerprint"] == src.fingerprint, state["pipeline"]
+        (True, {'next_index': 1})
+        >>> iter(pipeline(da_.patch(y=16, x=16, stride=8).to_grain())).set_state(state)
+        Traceback (most recent call last):
+        ...
+        xpatch.core.errors.OptionError: set_state: the checkpoint was saved from ...
+        """
+        require_grain()
+        from xpatch._grain_shuffle import FingerprintIterDataset
+
+        return FingerprintIterDataset.wrap(dataset, self)
 
     def predictions(
         self,
@@ -527,30 +589,6 @@ class PatchSource:
             for j, d in enumerate(self._patcher.dims)
         }
         return xr.DataArray(values[order], dims=("patch", *dims), coords=coords, name=name)
-
-
-def shard_range(count: int, shard_options: Any) -> tuple[int, int]:
-    """``(start, stop)`` of a shard's contiguous run, split as Grain's ``IndexSampler`` does.
-
-    Examples
-    --------
-    >>> from types import SimpleNamespace as Options
-    >>> [shard_range(10, Options(shard_index=i, shard_count=3, drop_remainder=False))
-    ...  for i in range(3)]
-    [(0, 4), (4, 7), (7, 10)]
-    """
-    index, shards = int(shard_options.shard_index), int(shard_options.shard_count)
-    if not 0 <= index < shards:
-        raise OptionError(
-            f"shard_options has shard_index={index} and shard_count={shards}; the index must "
-            "be in [0, shard_count)."
-        )
-    per_shard, remainder = divmod(count, shards)
-    start, stop = per_shard * index, per_shard * (index + 1)
-    if not shard_options.drop_remainder:
-        start += min(index, remainder)
-        stop += min(index + 1, remainder)
-    return start, stop
 
 
 def _index(plan: _VariablePlan, region: Sequence[slice], clip: bool = False) -> tuple:
