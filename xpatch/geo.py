@@ -458,3 +458,118 @@ class _ResolvedAnchors:
 
     def __repr__(self) -> str:
         return f"<{len(self.indices)} anchors from map coordinates>"
+
+
+# -- GeoTIFF output ------------------------------------------------------------------------
+
+#: dtypes a GeoTIFF stores (GDAL's types, as rasterio writes them).
+GEOTIFF_DTYPES = frozenset(
+    np.dtype(t)
+    for t in (
+        "uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64",
+        "float32", "float64", "complex64", "complex128",
+    )
+)  # fmt: skip
+
+
+def _named_dim(obj: xr.DataArray, names: Sequence[str]) -> Hashable | None:
+    """Return the dim whose lower-cased name comes first in ``names`` (None if none does)."""
+    found = [d for d in obj.dims if str(d).lower() in names]
+    return min(found, key=lambda d: names.index(str(d).lower()), default=None)
+
+
+def _spatial_dims(obj: xr.DataArray) -> tuple[Hashable, Hashable] | None:
+    """Return ``(y, x)`` by name (``y`` before ``latitude``, ...), else as rioxarray has them."""
+    y, x = _named_dim(obj, Y_NAMES), _named_dim(obj, X_NAMES)
+    if y is None or x is None:
+        try:  # CF axis attributes or a grid mapping's dims: rioxarray knows them if installed
+            importlib.import_module("rioxarray")
+            y, x = obj.rio.y_dim, obj.rio.x_dim
+        except Exception:
+            return None
+    return (y, x) if y in obj.dims and x in obj.dims and y != x else None
+
+
+def geotiff_layout(result: xr.DataArray) -> tuple[Hashable, Hashable, list[Hashable]]:
+    """Return the ``(y dim, x dim, band dims)`` of ``result`` as a GeoTIFF, or raise naming the fix.
+
+    A GeoTIFF holds one 2-D ``(y, x)`` or 3-D ``(band, y, x)`` array of a
+    numeric dtype GDAL stores, with at least one row, column and band. The row
+    and column dims are found by name (``y``/``x``, ``latitude``/``longitude``,
+    ``lat``/``lon``, ``northing``/``easting``, any case), else as rioxarray
+    finds them (CF axis attributes) when it is installed. Only metadata is
+    read: a lazy result stays lazy.
+
+    Parameters
+    ----------
+    result
+        What is to be written.
+
+    Returns
+    -------
+    tuple
+        The row dim, the column dim, and the other dims (none, or the one band
+        dim), in the order of ``result.dims``.
+
+    Raises
+    ------
+    OptionError
+        If ``result`` is not a DataArray, is empty, has fewer than 2 or more than
+        3 dims, has no recognisable y and x dims, or has a dtype GeoTIFF cannot
+        store.
+
+    Examples
+    --------
+    >>> da = xr.DataArray(np.zeros((2, 3, 4), "float32"), dims=("band", "lat", "lon"))
+    >>> geotiff_layout(da)
+    ('lat', 'lon', ['band'])
+    >>> geotiff_layout(da.rename(lat="row", lon="col"))
+    Traceback (most recent call last):
+    ...
+    xpatch.core.errors.OptionError: GeoTIFF needs a row (y) and a column (x) dim; ...
+    """
+    if not isinstance(result, xr.DataArray):
+        raise OptionError(
+            f"GeoTIFF holds one DataArray; got a {type(result).__name__}. Write one variable "
+            "(ds['name']) to GeoTIFF, or the Dataset to zarr instead."
+        )
+    sizes = ", ".join(f"{d}: {n}" for d, n in result.sizes.items()) or "no dims"
+    if result.ndim not in (2, 3):
+        spatial = _spatial_dims(result) or result.dims[-2:]
+        extra = tuple(d for d in result.dims if d not in spatial)
+        fix = (
+            f"Select or combine the extra dims first (e.g. result.isel({{{extra[0]!r}: 0}}), "
+            f"or result.stack(bands={extra!r})), or write zarr instead."
+            if result.ndim > 3
+            else "Write it to zarr instead."
+        )
+        raise OptionError(
+            "GeoTIFF holds a 2-D (y, x) or 3-D (band, y, x) array; the result has "
+            f"{result.ndim} dim(s) ({sizes}). {fix}"
+        )
+    dims = _spatial_dims(result)
+    if dims is None:
+        rows, cols = result.dims[-2], result.dims[-1]
+        raise OptionError(
+            "GeoTIFF needs a row (y) and a column (x) dim; the result's dims "
+            f"{list(result.dims)!r} ({sizes}) have no recognisable pair (y: one of {Y_NAMES}, "
+            f"x: one of {X_NAMES}, any case). Rename them first, e.g. "
+            f"result.rename({{{rows!r}: 'y', {cols!r}: 'x'}}), or write zarr instead."
+        )
+    y_dim, x_dim = dims
+    band_dims = [d for d in result.dims if d not in dims]
+    empty = [d for d in result.dims if result.sizes[d] == 0]
+    if empty:
+        raise OptionError(
+            f"the result is empty along {empty!r} ({sizes}): a GeoTIFF needs at least one row, "
+            "one column and one band. Check that the input is not empty and that "
+            "output_dims declares sizes >= 1."
+        )
+    if result.dtype not in GEOTIFF_DTYPES:
+        cast = "uint8" if result.dtype.kind == "b" else "float32"
+        raise OptionError(
+            f"GeoTIFF cannot store the result's dtype {result.dtype}; cast it first "
+            f"(result.astype({cast!r}), or declare dtype={cast!r} in apply), or write zarr "
+            "instead."
+        )
+    return y_dim, x_dim, band_dims

@@ -23,15 +23,17 @@ from xpatch import inference, predictions, views
 from xpatch.core.apply import BatchFunction
 from xpatch.core.chunk_cache import DEFAULT_CACHE_BYTES
 from xpatch.core.errors import DimensionError, GeometryError, OptionError, UncoveredCellsWarning
-from xpatch.core.extract import check_pad_value
 from xpatch.core.geometry import Boundary, Geometry
 from xpatch.core.overlap_add import BlendWindow, Reduction
 from xpatch.core.plan import Plan, max_group_size
-from xpatch.core.samplers import AtLabels, RegularGrid, Sampler, anchor_array
+from xpatch.core.samplers import AtLabels, RegularGrid, Sampler, anchor_array, index_positions
 from xpatch.core.windows import WindowSpec, make_window
 from xpatch.geo import AtPoints, InBounds, patch_bounds, patch_transforms
 from xpatch.variables import (
+    check_apply_dtype,
+    check_blendable_predictions,
     is_dask_backed,
+    pad_value_for,
     patch_bytes,
     patched_variables,
     plan_grid,
@@ -68,14 +70,7 @@ def _locator(obj: xr.DataArray | xr.Dataset):
                 f"AtLabels: dimension {dim!r} has no coordinate to look labels up in; "
                 "give start indices with xpatch.Anchors instead."
             )
-        positions = obj.indexes[dim].get_indexer(labels, method=method)
-        if (positions < 0).any():
-            missing = labels[positions < 0][:5].tolist()
-            raise GeometryError(
-                f"AtLabels: label(s) {missing} not found along {dim!r}; pass labels of the "
-                "coordinate, or method='nearest' to snap to the closest one."
-            )
-        return positions
+        return index_positions(obj.indexes[dim], dim, labels, method)
 
     return locate
 
@@ -124,7 +119,8 @@ class Patcher(Generic[T]):
         nothing else it does computes anything.
     pad_value
         Fill of padded cells with ``boundary="pad"``; default NaN for float data
-        and 0 for integer data.
+        and 0 for integer data (0 cast to other dtypes: give ``""`` for strings,
+        ``np.datetime64("NaT")`` for datetimes).
     **size_kwargs
         The patch size as keyword arguments, ``y=256, x=256``.
 
@@ -215,8 +211,8 @@ class Patcher(Generic[T]):
                 f"min_valid={min_valid!r} must be a fraction in [0, 1] (or None for no filter)."
             )
         if boundary == "pad":
-            for var in variables.values():
-                check_pad_value(pad_value, var.dtype)
+            for name, var in variables.items():
+                pad_value_for(pad_value, var.dtype, name)
         anchors = sampler.anchors(geometry)  # boundary="raise" refuses here, before any work
         if getattr(sampler, "covers_grid", False):
             _warn_uncovered(geometry)
@@ -496,6 +492,7 @@ class Patcher(Generic[T]):
     # -- reconstruction and inference --------------------------------------------------
 
     def reconstruct(self, pred: T, reduce: Reduction = "mean") -> T:  # noqa: D102 (doc below)
+        check_blendable_predictions(pred, self._obj, views.PATCH_DIM)
         return predictions.reconstruct(self, pred, reduce)
 
     def apply(  # noqa: D102 (doc below)
@@ -508,6 +505,7 @@ class Patcher(Generic[T]):
         reduce: Reduction = "mean",
         nodata: float | Literal["input"] | None = "input",
     ) -> xr.DataArray:
+        check_apply_dtype(self._obj, dtype)
         return inference.apply(
             self,
             fn,

@@ -14,10 +14,10 @@ import numpy as np
 import xarray as xr
 
 from xpatch.core.errors import GeometryError
-from xpatch.core.extract import check_pad_value, extract_dask, extract_numpy
+from xpatch.core.extract import extract_dask, extract_numpy
 from xpatch.core.plan import ChunkGrid, Plan
 from xpatch.geo import grid_mapping_name, patch_transforms, to_gdal, with_transform
-from xpatch.variables import is_dask_backed, patched_columns, patched_variables
+from xpatch.variables import is_dask_backed, pad_value_for, patched_columns, patched_variables
 
 if TYPE_CHECKING:
     from xpatch.patcher import Patcher
@@ -57,7 +57,7 @@ def extract_variable(
     """
     columns, axes = patched_columns(var, p.dims)
     size = [p.geometry.size[j] for j in columns]
-    pad_value = check_pad_value(pad_value, var.dtype)
+    pad_value = pad_value_for(pad_value, var.dtype)
     if anchors is None:
         plan = p.plan.project(columns)
     else:

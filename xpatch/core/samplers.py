@@ -15,7 +15,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 import numpy as np
 
 from xpatch.core.checks import check_patched_dims
-from xpatch.core.errors import DimensionError, OptionError
+from xpatch.core.errors import DimensionError, GeometryError, OptionError
 from xpatch.core.geometry import Geometry, as_positive_int
 
 #: ``locate(dim, labels, method) -> positions``: resolves coordinate labels.
@@ -197,9 +197,11 @@ class AtLabels:
     ----------
     labels
         ``{dim: labels}`` with one sequence of equal length per patched dim, in the
-        units of the dim's coordinate (map coordinates, timestamps, ...).
+        units of the dim's coordinate (map coordinates, timestamps, ...). The
+        coordinate's labels must be unique.
     method
-        ``None`` for exact matches, or ``"nearest"`` to snap to the closest label.
+        ``None`` for exact matches, or ``"nearest"`` to snap to the closest label
+        (the coordinate must then be sorted).
     """
 
     labels: Mapping[Hashable, Sequence[Any] | np.ndarray] = field(hash=False)
@@ -221,3 +223,54 @@ class AtLabels:
             "AtLabels needs the array's coordinates; pass it as sampler= to .patch(...), "
             "which resolves the labels."
         )
+
+
+def index_positions(
+    index: Any, dim: Hashable, labels: np.ndarray, method: str | None
+) -> np.ndarray:
+    """Positions of ``labels`` in a dim's coordinate index, or raise naming the fix.
+
+    Parameters
+    ----------
+    index
+        The coordinate's index: anything with :class:`pandas.Index`'s
+        ``is_unique``, ``duplicated``, ``is_monotonic_increasing`` /
+        ``_decreasing`` and ``get_indexer`` (the core does not import pandas).
+    dim
+        The dim's name, for messages.
+    labels
+        The labels to look up, 1-D.
+    method
+        ``None`` (exact matches) or ``"nearest"``.
+
+    Returns
+    -------
+    numpy.ndarray
+        One int position per label.
+    """
+    if not index.is_unique:
+        repeated = ", ".join(map(str, index[index.duplicated()].unique()[:5]))
+        raise GeometryError(
+            f"AtLabels: the coordinate {dim!r} repeats label(s) {repeated} (first few), so a "
+            f"label may name several cells; drop the repeats first (obj.drop_duplicates({dim!r}) "
+            "keeps the first of each), or give start indices with xpatch.Anchors instead."
+        )
+    if method is not None and not (index.is_monotonic_increasing or index.is_monotonic_decreasing):
+        raise GeometryError(
+            f"AtLabels(method={method!r}) needs the coordinate {dim!r} sorted; sort it first "
+            f"(obj.sortby({dim!r})), or pass exact labels with method=None."
+        )
+    try:
+        positions = np.asarray(index.get_indexer(labels, method=method))
+    except TypeError:  # labels of another type than the coordinate's, with method="nearest"
+        raise GeometryError(
+            f"AtLabels: label(s) {labels[:5].tolist()} (first few) cannot be compared with the "
+            f"coordinate {dim!r} of dtype {index.dtype}; pass labels of that type."
+        ) from None
+    if (positions < 0).any():
+        missing = labels[positions < 0][:5].tolist()
+        raise GeometryError(
+            f"AtLabels: label(s) {missing} not found along {dim!r}; pass labels of the "
+            "coordinate, or method='nearest' to snap to the closest one."
+        )
+    return positions
