@@ -78,7 +78,8 @@ def test_zarr_in_zarr_out_with_new_output_dims(tmp_path, model_file, raster, cap
     np.testing.assert_array_equal(written.x, raster.x)
     # A second run finds the output complete and refuses to touch it...
     assert main([*argv, *options]) == 2
-    assert "exists and is complete; pass --restart" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "already exists and is complete" in err and "--restart" in err, err
     # ...unless told to start again.
     assert main([*argv, *options, "--restart"]) == 0
 

@@ -113,7 +113,7 @@ def test_apply_with_other_output_dims_on_the_cluster(client, lazy):
 
 
 def test_write_to_zarr_uses_the_active_client(client, lazy, tmp_path, capsys, monkeypatch):
-    assert xpatch.io._active_client() is client
+    assert xpatch.waves.active_client() is client
     pids = worker_pids(client)
     p = lazy.patch(y=16, x=16, stride=12, window="hann")
     path = tmp_path / "o.zarr"

@@ -27,6 +27,11 @@ class Affine:
         self.calls = 0
         self.patches = 0
 
+    def __dask_tokenize__(self) -> str:
+        # The model's identity: crashing and healthy instances compute the same thing, so
+        # a resumed write may continue the crashed one.
+        return "affine-2x+1"
+
     def __call__(self, batch: np.ndarray) -> np.ndarray:
         if self.fail_after is not None and self.calls >= self.fail_after:
             raise RuntimeError("simulated crash in the middle of the run")
@@ -53,7 +58,9 @@ def patcher(da: xr.DataArray) -> xpatch.Patcher:
 
 
 def markers(path) -> list[str]:
-    return sorted(m.name for m in (progress_record(path) / "done").iterdir())
+    """The block markers of the unfinished run at ``path``, as ``variable/block``."""
+    done = progress_record(path) / "done"
+    return sorted(f"{m.parent.name[2:]}/{m.name}" for m in done.glob("v-*/*"))
 
 
 def interrupt(p: xpatch.Patcher, path, fail_after: int = 12) -> Affine:
@@ -108,7 +115,9 @@ def test_an_interrupted_run_is_resumed_block_by_block(lazy, tmp_path):
 
     record = progress_record(path)
     assert record.is_dir()
-    assert json.loads((record / "plan.json").read_text())["temp"]["shape"] == [2, 64, 64]
+    saved = json.loads((record / "record.json").read_text())
+    assert saved["state"] == "writing"
+    assert saved["fingerprint"]["variables"]["temp"]["shape"] == [2, 64, 64]
     done = markers(path)
     assert 0 < len(done) < total, done
     assert crashing.calls == 12
@@ -135,7 +144,8 @@ def test_resume_does_not_rewrite_blocks_already_written(lazy, tmp_path):
     interrupt(p, path)
     done = markers(path)
     # Scribble over one finished block: a resumed run must leave it alone.
-    name, *index = done[0].split(".")
+    name, block = done[0].split("/")
+    index = block.split(".")
     region = tuple(slice(16 * int(i), 16 * (int(i) + 1)) for i in index[1:])
     zarr.open_group(str(path), mode="r+")[name][(slice(None), *region)] = -1.0
 

@@ -13,13 +13,15 @@ Examples
 True
 """
 
-from importlib.metadata import PackageNotFoundError, version
-
 from xpatch import accessor as _accessor  # noqa: F401  (registers .patch)
 from xpatch.core.errors import (
     DimensionError,
     GeometryError,
+    MissingDependencyError,
     OptionError,
+    OutputError,
+    OutputExistsError,
+    OutputLockedError,
     PredictionError,
     UncoveredCellsWarning,
     XPatchError,
@@ -28,11 +30,7 @@ from xpatch.core.samplers import Anchors, AtLabels, JitteredGrid, RandomAnchors,
 from xpatch.geo import AtPoints, InBounds
 from xpatch.io import write
 from xpatch.patcher import Patcher, patch
-
-try:
-    __version__ = version("xarray-patch")
-except PackageNotFoundError:  # pragma: no cover - running from a source tree
-    __version__ = "0+unknown"
+from xpatch.version import VERSION as __version__
 
 __all__ = [
     "Anchors",
@@ -42,7 +40,11 @@ __all__ = [
     "GeometryError",
     "InBounds",
     "JitteredGrid",
+    "MissingDependencyError",
     "OptionError",
+    "OutputError",
+    "OutputExistsError",
+    "OutputLockedError",
     "Patcher",
     "PredictionError",
     "RandomAnchors",

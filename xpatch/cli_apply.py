@@ -12,11 +12,15 @@ options and help text on the parser of :mod:`xpatch.cli`, which dispatches to it
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import importlib.util
+import json
+import signal
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +28,11 @@ import xarray as xr
 
 import xpatch
 from xpatch.cli_common import format_sizes, positive_int, usage_error
-from xpatch.core.errors import XPatchError
+from xpatch.core.errors import OptionError, XPatchError
+from xpatch.geo import geotiff_layout
+
+#: Suffixes of the GeoTIFF files ``xpatch apply`` reads and writes.
+GEOTIFF_SUFFIXES = (".tif", ".tiff")
 
 
 def add_apply_command(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -90,6 +98,23 @@ def add_apply_command(commands: argparse._SubParsersAction) -> argparse.Argument
     apply.add_argument(
         "--restart", action="store_true", help="replace OUTPUT instead of resuming it"
     )
+    apply.add_argument(
+        "--force-resume",
+        action="store_true",
+        help="resume OUTPUT's interrupted run even though its model, input or layout differ "
+        "(mixes both runs: only for changes known not to alter results)",
+    )
+    apply.add_argument(
+        "--break-lock",
+        action="store_true",
+        help="take over the lock a killed writer left on OUTPUT (never a live writer's)",
+    )
+    apply.add_argument(
+        "--storage-options",
+        type=_storage_options,
+        default=None,
+        help="fsspec options for an OUTPUT URL, as JSON: '{\"anon\": false}'",
+    )
     apply.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     return apply
 
@@ -104,11 +129,11 @@ def load_function(spec: str) -> Callable[[np.ndarray], np.ndarray]:
     """
     module_name, sep, attribute = spec.rpartition(":")
     if not sep or not module_name or not attribute:
-        raise ValueError(f"--fn {spec!r} must be 'module:function' or 'path/to/file.py:function'.")
+        raise OptionError(f"--fn {spec!r} must be 'module:function' or 'path/to/file.py:function'.")
     if module_name.endswith(".py"):
         path = Path(module_name)
         if not path.is_file():
-            raise ValueError(f"--fn {spec!r}: no file {module_name!r}.")
+            raise OptionError(f"--fn {spec!r}: no file {module_name!r}.")
         module_spec = importlib.util.spec_from_file_location(path.stem, path)
         module = importlib.util.module_from_spec(module_spec)  # type: ignore[arg-type]
         sys.modules[path.stem] = module
@@ -117,10 +142,10 @@ def load_function(spec: str) -> Callable[[np.ndarray], np.ndarray]:
         try:
             module = importlib.import_module(module_name)
         except ImportError as error:
-            raise ValueError(f"--fn {spec!r}: cannot import {module_name!r} ({error}).") from None
+            raise OptionError(f"--fn {spec!r}: cannot import {module_name!r} ({error}).") from None
     fn = getattr(module, attribute, None)
     if not callable(fn):
-        raise ValueError(f"--fn {spec!r}: {module_name!r} has no function {attribute!r}.")
+        raise OptionError(f"--fn {spec!r}: {module_name!r} has no function {attribute!r}.")
     return fn
 
 
@@ -130,40 +155,72 @@ def open_input(path: str | Path, variable: str | None = None, chunks: int = 1024
     GeoTIFFs need the ``geo`` extra (rioxarray) and are read in ``chunks`` x
     ``chunks`` blocks with all bands. A file holding several variables needs
     ``variable``.
+
+    Raises
+    ------
+    OptionError
+        If the input does not exist, is an empty (0-byte) file, cannot be opened
+        (damaged, truncated, or not of the format its name says), or holds
+        several variables and ``variable`` does not pick one of them.
     """
     path = Path(path)
     suffix = path.suffix.lower()
     if not path.exists():
-        raise ValueError(f"INPUT {str(path)!r} does not exist.")
-    if suffix in (".tif", ".tiff"):
+        raise OptionError(f"INPUT {str(path)!r} does not exist.")
+    if path.is_file() and path.stat().st_size == 0:
+        raise OptionError(
+            f"INPUT {str(path)!r} is an empty file (0 bytes), as an interrupted copy or "
+            "download leaves; copy or re-create it."
+        )
+    if suffix in GEOTIFF_SUFFIXES:
         try:
+            import rasterio.errors
             import rioxarray
         except ImportError:
-            raise ValueError(
+            raise OptionError(
                 "reading GeoTIFF needs rioxarray: pip install 'xarray-patch[geo]'."
             ) from None
-        opened = rioxarray.open_rasterio(path, chunks={"band": -1, "y": chunks, "x": chunks})
+        with _readable(path, "a GeoTIFF", rasterio.errors.RasterioError):
+            opened = rioxarray.open_rasterio(path, chunks={"band": -1, "y": chunks, "x": chunks})
         if isinstance(opened, list):  # pragma: no cover - multi-subdataset files
-            raise ValueError(f"INPUT {str(path)!r} holds several subdatasets; convert it first.")
+            raise OptionError(f"INPUT {str(path)!r} holds several subdatasets; convert it first.")
         return opened
     if suffix == ".zarr" or (path / "zarr.json").exists() or (path / ".zgroup").exists():
-        dataset = xr.open_zarr(path)
+        with _readable(path, "a zarr store"):
+            dataset = xr.open_zarr(path)
     elif suffix in (".nc", ".nc4", ".netcdf", ".h5"):
-        dataset = xr.open_dataset(path, chunks={})
+        with _readable(path, "netCDF"):
+            dataset = xr.open_dataset(path, chunks={})
     else:
-        raise ValueError(f"INPUT {str(path)!r}: unknown format; give a .tif, .zarr or .nc file.")
+        raise OptionError(f"INPUT {str(path)!r}: unknown format; give a .tif, .zarr or .nc file.")
     if isinstance(dataset, xr.DataArray):  # pragma: no cover - defensive
         return dataset
     names = list(dataset.data_vars)
     if variable is None:
         if len(names) != 1:
-            raise ValueError(
+            raise OptionError(
                 f"INPUT {str(path)!r} holds variables {names}; pick one with --variable."
             )
         variable = names[0]
     if variable not in names:
-        raise ValueError(f"--variable {variable!r} is not in {str(path)!r}; it holds {names}.")
+        raise OptionError(f"--variable {variable!r} is not in {str(path)!r}; it holds {names}.")
     return dataset[variable]
+
+
+@contextlib.contextmanager
+def _readable(path: Path, kind: str, *errors: type[Exception]) -> Iterator[None]:
+    """Turn the errors of opening ``path`` into an :class:`OptionError` naming it and the fix."""
+    try:
+        yield
+    except XPatchError:
+        raise
+    except (OSError, ValueError, KeyError, TypeError, *errors) as error:
+        first_line = (str(error).splitlines() or [""])[0]
+        raise OptionError(
+            f"INPUT {str(path)!r} cannot be opened as {kind} ({type(error).__name__}: "
+            f"{first_line}). "
+            "It is damaged, incomplete or of another format: copy or re-create it."
+        ) from None
 
 
 def _output_dims(text: str | None) -> dict[str, int] | None:
@@ -175,7 +232,7 @@ def _output_dims(text: str | None) -> dict[str, int] | None:
     for item in text.split(","):
         name, sep, size = item.partition("=")
         if not sep or not name or not size.isdigit() or int(size) < 1:
-            raise ValueError(
+            raise OptionError(
                 f"--output-dims {text!r} must look like 'class=5' or 'class=5,time=2' "
                 "(or '' for none)."
             )
@@ -195,22 +252,21 @@ def run_apply(args: argparse.Namespace) -> int:
         p, result, dims, stride = _plan_apply(args)
     except (XPatchError, ValueError, ImportError) as error:
         return usage_error("apply", str(error))
+    if args.restart and args.force_resume:
+        return usage_error("apply", "--restart and --force-resume exclude each other; pick one.")
     name = Path(args.output).stem if result.name is None else result.name
     start = time.perf_counter()
     try:
-        blocks = xpatch.write(
-            result.rename(name),
-            args.output,
-            resume=not args.restart,
-            overwrite=args.restart,
-            progress=not args.no_progress,
-        )
-    except FileExistsError:
-        return usage_error(
-            "apply",
-            f"OUTPUT {args.output!r} exists and is complete; pass --restart to replace it, or "
-            "choose another OUTPUT.",
-        )
+        with _sigterm_exits():
+            blocks = xpatch.write(
+                result.rename(name),
+                args.output,
+                resume="force" if args.force_resume else not args.restart,
+                overwrite=args.restart,
+                progress=not args.no_progress,
+                storage_options=args.storage_options,
+                break_lock=args.break_lock,
+            )
     except XPatchError as error:
         return usage_error("apply", str(error))
     seconds = time.perf_counter() - start
@@ -220,6 +276,40 @@ def run_apply(args: argparse.Namespace) -> int:
         f"({format_sizes(dict(result.sizes))}) {result.dtype} to {args.output} in {seconds:.1f} s"
     )
     return 0
+
+
+@contextlib.contextmanager
+def _sigterm_exits() -> Iterator[None]:
+    """Turn SIGTERM into ``SystemExit`` while writing, so the lock is released on the way out.
+
+    A batch system's ``kill`` then leaves the output as Ctrl-C does: resumable by running
+    the same command, with no stale lock.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def exit_on_sigterm(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, exit_on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _storage_options(text: str) -> dict:
+    """``--storage-options``: a JSON object."""
+    try:
+        options = json.loads(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"{text!r} is not JSON ({error})") from None
+    if not isinstance(options, dict):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a JSON object such as '{{\"anon\": false}}'"
+        )
+    return options
 
 
 def _nodata(text: str) -> float | str | None:
@@ -243,7 +333,13 @@ def _plan_apply(args: argparse.Namespace) -> tuple:
         dims = list(data.dims[-2:])
     missing = [d for d in dims if d not in data.dims]
     if missing:
-        raise ValueError(f"--dims {args.dims!r}: {missing} not in the input's dims {data.dims}.")
+        raise OptionError(f"--dims {args.dims!r}: {missing} not in the input's dims {data.dims}.")
+    empty = {d: data.sizes[d] for d in dims if data.sizes[d] == 0}
+    if empty:
+        raise OptionError(
+            f"INPUT {args.input!r} is empty along {list(empty)} ({format_sizes(data.sizes)}): "
+            "there is nothing to patch. Check the file (and --variable, --dims)."
+        )
     data = data.chunk({d: (args.chunks if d in dims else -1) for d in data.dims})
     stride = args.stride if args.stride is not None else args.size
     p = data.patch({d: args.size for d in dims}, stride, window=args.window, boundary=args.boundary)
@@ -255,4 +351,26 @@ def _plan_apply(args: argparse.Namespace) -> tuple:
         reduce=args.reduce,
         nodata=args.nodata,
     )
+    if Path(args.output).suffix.lower() in GEOTIFF_SUFFIXES:
+        result = _geotiff_result(result, args)
     return p, result, dims, stride
+
+
+def _geotiff_result(result: xr.DataArray, args: argparse.Namespace) -> xr.DataArray:
+    """Check that a GeoTIFF OUTPUT can hold ``result``; name its row and column dims y and x.
+
+    Reads metadata only, before anything is computed. rioxarray, which writes
+    the file's transform, finds rows and columns by the names y and x: ``lat``
+    and ``lon`` (and the other names :func:`xpatch.geo.geotiff_layout` knows)
+    are renamed to them.
+    """
+    try:
+        y_dim, x_dim, _ = geotiff_layout(result)
+    except OptionError as error:
+        raise OptionError(
+            f"OUTPUT {args.output!r} is a GeoTIFF, which cannot hold the result of INPUT "
+            f"{args.input!r}: {error} (A .zarr OUTPUT holds any result.)"
+        ) from None
+    names = {d: n for d, n in ((y_dim, "y"), (x_dim, "x")) if d != n}
+    in_use = (set(result.dims) | set(result.coords)) - set(names)
+    return result.rename(names) if names and not set(names.values()) & in_use else result

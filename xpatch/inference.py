@@ -21,6 +21,8 @@ from xpatch.core.errors import DimensionError, OptionError
 from xpatch.core.extract import check_pad_value
 from xpatch.core.overlap_add import Reduction, check_reduction
 from xpatch.predictions import output_coords
+from xpatch.provenance import describe_callable, layout_facts, note_result
+from xpatch.variables import data_token
 from xpatch.views import PATCH_DIM
 
 if TYPE_CHECKING:
@@ -83,10 +85,18 @@ def apply(
         ``{"class": 5}``. Default: the input's non-patched dims (``fn`` keeps
         them). Declared, not discovered: nothing is computed to find them.
     dtype
-        dtype of ``fn``'s output; default the input's dtype. Results are cast
-        to it within their kind; an output of another kind raises.
+        dtype of ``fn``'s output; default the input's dtype. Each batch ``fn``
+        returns is checked, then cast: it must be of the declared kind (bool,
+        integer, float or complex; a bool or an integer of either signedness
+        may be declared as any integer dtype), and its values must fit: integers
+        in the dtype's range, floats finite there (NaN and inf that ``fn``
+        returns pass; floats may round to a narrower float). Otherwise a
+        :class:`~xpatch.PredictionError` names the batch's range, the dtype's
+        and the fix; on dask input it is raised when the result is computed.
     reduce
-        How overlapping results combine, as in :meth:`reconstruct`.
+        How overlapping results combine, as in :meth:`reconstruct`, which
+        also gives the result's dtype: integers stay exact for ``"max"``,
+        ``"min"`` and a ``"boxcar"`` ``"sum"`` when the patches cover every cell.
     nodata
         The output's nodata value (``_FillValue``): ``"input"`` (default) the
         input's, a number, or None for none (NaN cells stay NaN). Cells where
@@ -115,6 +125,10 @@ def apply(
     >>> scores = p.apply(lambda b: b.sum(axis=1, keepdims=True), output_dims={"score": 1})
     >>> scores.dims, scores.isel(score=0).values[0].tolist()
     (('score', 'y', 'x'), [12.0, 14.0, 16.0, 18.0])
+    >>> labels = p.apply(lambda b: (b > 10).sum(axis=1, keepdims=True), output_dims={"n": 1},
+    ...                  dtype="uint8", reduce="max")
+    >>> labels.dtype, labels.isel(n=0).values[2].tolist()
+    (dtype('uint8'), [1, 1, 1, 2])
     """
     obj = p.obj
     if not isinstance(obj, xr.DataArray):
@@ -155,4 +169,17 @@ def apply(
     if set(result.dims) == set(obj.dims):
         result = result.transpose(*obj.dims)
     coords = output_coords(p, xr.Dataset(), dict(zip(result.dims, result.shape)))
-    return applied(result, obj, coords, nodata)
+    out = applied(result, obj, coords, nodata)
+    note_result(
+        out,
+        lambda: {
+            "input": data_token(obj.variable),
+            "model (fn)": describe_callable(fn),
+            **layout_facts(p),
+            "output_dims": output_dims,
+            "dtype": str(dtype),
+            "reduce": reduce,
+            "nodata": nodata,
+        },
+    )
+    return out

@@ -1,29 +1,33 @@
-"""Write lazy results out of core, block by block, resumably, with progress.
+"""Write lazy results out of core, block by block, resumably, safely, with progress.
 
-:func:`write` streams a (dask-backed) DataArray or Dataset to zarr or to a tiled
-GeoTIFF, each block as soon as it is ready, and :func:`compute` computes other
-results with a progress bar that fits the scheduler. This module owns the output
-formats, the progress record and the choice of how the store tasks run. On the
-local threaded (or synchronous) scheduler they run in waves of a few blocks
-(:mod:`xpatch.waves`), so that for results whose blocks follow the patch layout
-(``p.apply(...)``, ``p.reconstruct(...)``, renamed, transposed or combined
-pointwise) each patch is computed once and peak memory stays at a few blocks,
-their patch groups and one row of overhangs, whatever the size of the output. A
-result whose blocks need distant blocks (``r / r.max()``), the process scheduler
-and ``dask.distributed`` (whose memory management applies) get one computation.
-A progress record beside the output (``<output>.xpatch-progress/``) lists the
-blocks written; a run that was interrupted and is started again redoes only the
-others. The record is removed when the output is complete.
+:func:`write` streams a (dask-backed) DataArray or Dataset to zarr (a local path,
+an fsspec URL such as ``s3://bucket/out.zarr``, or a zarr store) or to a tiled
+local GeoTIFF, each block as soon as it is ready, and :func:`compute` computes
+other results with a progress bar that fits the scheduler.
+
+A write goes through the same steps for both formats (:mod:`xpatch.outputs` says
+what each means for a format; :mod:`xpatch.record` keeps the record and the lock):
+
+1. take the output's lock (one writer at a time);
+2. read the progress record: none (a new output, or a complete one), ``creating``
+   (creation never finished: start again), ``writing`` (resume, if the record's
+   fingerprint of the computation matches this one), ``finishing``;
+3. create the output, then mark the record ``writing``;
+4. write the blocks without a marker, each marker after its block's bytes;
+5. mark the record ``finishing``, finish the output (consolidate zarr metadata,
+   rename the GeoTIFF into place), delete the record, release the lock.
+
+A kill at any moment leaves a state that the next run continues or refuses with
+a message saying what to do. On the local threaded (or synchronous) scheduler
+the store tasks run in waves of a few blocks (:mod:`xpatch.waves`), so that peak
+memory stays at a few blocks whatever the size of the output; a result whose
+blocks need distant blocks (``r / r.max()``), the process scheduler and
+``dask.distributed`` get one computation.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
-import shutil
-import threading
-import warnings
-from collections.abc import Hashable, Iterator, Sequence
+from collections.abc import Hashable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -31,29 +35,50 @@ import dask
 import dask.array as da
 import numpy as np
 import xarray as xr
-from dask.base import tokenize
 from dask.delayed import Delayed
 from dask.highlevelgraph import HighLevelGraph
 
 from xpatch import waves
 from xpatch.cf import file_nodata
 from xpatch.core.checks import check_choice
-from xpatch.core.errors import OptionError
-from xpatch.core.plan import block_regions
-from xpatch.waves import STORE_TASK_PREFIX
+from xpatch.core.errors import OptionError, OutputError, OutputExistsError
+from xpatch.outputs import (
+    GEOTIFF_RECORD_SUFFIX,
+    ZARR_RECORD_FOLDER,
+    GeoTiffOutput,
+    StoreTasks,
+    ZarrOutput,
+    require_rasterio,
+)
+from xpatch.provenance import differences, fingerprint
+from xpatch.stores import locate
+from xpatch.waves import active_client
 
 Format = Literal["auto", "zarr", "geotiff"]
 FORMATS = ("auto", "zarr", "geotiff")
 GEOTIFF_SUFFIXES = (".tif", ".tiff")
 
 
-def progress_record(path: str | Path) -> Path:
-    """Return the folder that records which blocks of ``path`` are written."""
+Resume = bool | Literal["force"]
+
+
+def progress_record(path: str | Path, format: Format = "auto") -> Path:
+    """Return the folder of the progress record of the local output ``path``.
+
+    ``path/.xpatch`` inside a zarr store; ``path.xpatch-progress`` beside a GeoTIFF.
+
+    Examples
+    --------
+    >>> progress_record("seg.zarr").name, progress_record("seg.tif").name
+    ('.xpatch', 'seg.tif.xpatch-progress')
+    """
     path = Path(path)
-    return path.with_name(path.name + ".xpatch-progress")
+    if format == "geotiff" or (format == "auto" and path.suffix.lower() in GEOTIFF_SUFFIXES):
+        return path.with_name(path.name + GEOTIFF_RECORD_SUFFIX)
+    return path / ZARR_RECORD_FOLDER
 
 
-def output_format(path: str | Path, format: Format = "auto") -> Literal["zarr", "geotiff"]:
+def output_format(path: Any, format: Format = "auto") -> Literal["zarr", "geotiff"]:
     """Return the format to write ``path`` in: ``format``, or guessed from the suffix.
 
     Examples
@@ -64,7 +89,9 @@ def output_format(path: str | Path, format: Format = "auto") -> Literal["zarr", 
     check_choice("format", format, FORMATS)
     if format != "auto":
         return format  # type: ignore[return-value]
-    suffix = Path(path).suffix.lower()
+    if not isinstance(path, str | Path):
+        return "zarr"  # a zarr store object
+    suffix = Path(str(path).rstrip("/")).suffix.lower()
     if suffix in GEOTIFF_SUFFIXES:
         return "geotiff"
     if suffix == ".zarr":
@@ -73,17 +100,6 @@ def output_format(path: str | Path, format: Format = "auto") -> Literal["zarr", 
         f"cannot tell the format of {str(path)!r} from its suffix; name it *.zarr or *.tif, "
         "or pass format='zarr' / format='geotiff'."
     )
-
-
-def _active_client() -> Any:
-    try:
-        from distributed import default_client
-    except ImportError:
-        return None
-    try:
-        return default_client()
-    except ValueError:
-        return None
 
 
 def compute(*collections: Any, progress: bool = True) -> tuple:
@@ -99,7 +115,7 @@ def compute(*collections: Any, progress: bool = True) -> tuple:
     >>> compute(da.ones(4, chunks=2).sum(), progress=False)
     (np.float64(4.0),)
     """
-    client = _active_client()
+    client = active_client()
     if client is not None:
         futures = client.compute(list(collections))
         if progress:
@@ -115,108 +131,17 @@ def compute(*collections: Any, progress: bool = True) -> tuple:
     return dask.compute(*collections)
 
 
-def _marker(record: Path, name: Hashable, index: Sequence[int]) -> Path:
-    return record / "done" / f"{name}.{'.'.join(map(str, index))}"
-
-
-def _store_block(block: np.ndarray, target: Any, region: tuple, marker: str) -> int:
-    target[region] = block
-    Path(marker).touch()
-    return 1
-
-
-def _store_geotiff_block(
-    block: np.ndarray, path: str, window: tuple, lock: Any, marker: str, nodata: Any
-) -> int:
-    import rasterio
-    from rasterio.windows import Window
-
-    rows, cols = window
-    if block.ndim == 2:
-        block = block[np.newaxis]
-    if nodata is not None and np.issubdtype(block.dtype, np.floating):
-        block = np.where(np.isnan(block), nodata, block)
-    with lock, rasterio.open(path, "r+") as dst:
-        width, height = cols.stop - cols.start, rows.stop - rows.start
-        dst.write(block, window=Window(cols.start, rows.start, width, height))
-    Path(marker).touch()
-    return 1
-
-
-def _plan(dataset: xr.Dataset) -> dict:
-    """Describe what a progress record must match for a resumed run to continue it."""
-    return {
-        str(name): {
-            "dims": [str(d) for d in var.dims],
-            "shape": list(var.shape),
-            "dtype": str(var.dtype),
-            "chunks": [list(c) for c in var.chunks] if var.chunks else None,
-        }
-        for name, var in dataset.data_vars.items()
-    }
-
-
-def _start(path: Path, plan: dict, resume: bool, overwrite: bool) -> tuple[Path, bool]:
-    """Prepare the progress record; return it and whether the output must be created."""
-    record = progress_record(path)
-    if path.exists() and record.exists() and resume and not overwrite:
-        saved = json.loads((record / "plan.json").read_text())
-        if saved != plan:
-            raise OptionError(
-                f"{str(path)!r} holds an interrupted run of a different result (shape, chunks "
-                "or dtype differ); pass overwrite=True to start again, or write elsewhere."
-            )
-        return record, False
-    if path.exists() and not overwrite:
-        if record.exists():
-            raise FileExistsError(
-                f"{str(path)!r} holds an unfinished run; pass resume=True to continue it, or "
-                "overwrite=True to start again."
-            )
-        raise FileExistsError(
-            f"{str(path)!r} already exists and has no progress record of an unfinished run; "
-            "pass overwrite=True to replace it, or choose another output path."
-        )
-    for stale in (path, record):
-        if stale.is_dir():
-            shutil.rmtree(stale)
-        elif stale.exists():
-            stale.unlink()
-    (record / "done").mkdir(parents=True)
-    (record / "plan.json").write_text(json.dumps(plan))
-    return record, True
-
-
-@contextlib.contextmanager
-def _removed_on_failure(path: Path, record: Path) -> Iterator[None]:
-    """Remove a half-created output and its record if creating it fails.
-
-    Otherwise a retry would find a record of a run that never wrote a block.
-    """
-    try:
-        yield
-    except BaseException:
-        for leftover in (path, record):
-            if leftover.is_dir():
-                shutil.rmtree(leftover, ignore_errors=True)
-            elif leftover.exists():
-                leftover.unlink()
-        raise
-
-
-_THREAD_LOCK = threading.Lock()
-
-
-def _finish(tasks: dict, indices: dict, name: str, dependencies: list, progress: bool) -> int:
+def run_store_tasks(tasks: StoreTasks, progress: bool) -> int:
     """Run the store tasks: locally in waves of a few blocks when that pays, else at once."""
-    if not tasks:
+    if not tasks.tasks:
         return 0
+    name = tasks.name
     final = (name,)
     graph = HighLevelGraph.from_collections(
-        name, {**tasks, final: (sum, list(tasks))}, dependencies=dependencies
+        name, {**tasks.tasks, final: (sum, list(tasks.tasks))}, dependencies=tasks.dependencies
     )
-    if _active_client() is None and waves.waves_fit_the_scheduler():
-        plan = waves.plan_waves(dict(graph), indices)  # waves cull to the store tasks
+    if active_client() is None and waves.waves_fit_the_scheduler():
+        plan = waves.plan_waves(dict(graph), tasks.indices)  # waves cull to the store tasks
         if plan is not None:
             return waves.run_in_waves(*plan, progress=progress)
     # A cluster manages its workers' memory (limits, spilling); other graphs and
@@ -225,16 +150,108 @@ def _finish(tasks: dict, indices: dict, name: str, dependencies: list, progress:
     return int(written)
 
 
+def _check_resume(resume: Any) -> None:
+    if resume not in (True, False, "force") or isinstance(resume, np.bool_):
+        raise OptionError(
+            f"resume={resume!r} must be True (continue an interrupted run of the same "
+            "computation), False (refuse to touch an unfinished run) or 'force' (continue it "
+            "even though the computation differs)."
+        )
+
+
+def _refuse_other_run(name: str, layout: list[str], computation: list[str], resume: Resume):
+    """Raise if the record's run cannot be continued by this one."""
+    if layout:
+        raise OutputError(
+            f"{name!r} holds an interrupted run whose blocks do not line up with this result: "
+            + "; ".join(layout)
+            + ". Start again with overwrite=True (xpatch apply --restart), or write elsewhere."
+        )
+    if computation and resume != "force":
+        raise OutputError(
+            f"{name!r} holds an interrupted run of another computation: "
+            + "; ".join(computation)
+            + ". Continuing would mix the two runs' blocks. Start again with overwrite=True "
+            "(xpatch apply --restart), or, if you know the results are the same (e.g. only "
+            "comments changed), continue with resume='force' (xpatch apply --force-resume)."
+        )
+
+
+def _run(
+    output: Any, print_: dict, resume: Resume, overwrite: bool, progress: bool, break_lock: bool
+) -> int:
+    """Take ``output`` through the steps of a write (see the module docstring)."""
+    name = output.location.name
+    output.prepare(overwrite)
+    output.lock.acquire(break_lock=break_lock)
+    try:
+        record = None if overwrite else output.record.read()
+        if record is None and not overwrite and output.exists():
+            if output.looks_finished():
+                output.record.remove()  # markers a kill left after the record was deleted
+                raise OutputExistsError(
+                    f"{name!r} already exists and is complete (it has no progress record of "
+                    "an unfinished run); pass overwrite=True (xpatch apply --restart) to "
+                    "replace it, or choose another output path."
+                )
+            raise OutputExistsError(
+                f"{name!r} already exists but is not an output that xpatch finished (no "
+                "progress record, and its metadata was never consolidated): another program's "
+                "data, or an unfinished run whose record was deleted. Pass overwrite=True "
+                "(xpatch apply --restart) to replace it, or choose another output path."
+            )
+        state = "creating" if record is None else record["state"]
+        if state != "creating":
+            if resume is False:
+                raise OutputExistsError(
+                    f"{name!r} holds an unfinished run; pass resume=True to continue it, or "
+                    "overwrite=True to start again."
+                )
+            _refuse_other_run(name, *differences(record["fingerprint"], print_), resume=resume)
+            if record["fingerprint"] != print_ and state == "writing":
+                output.record.write("writing", print_)  # forced: record what runs now
+        if state == "creating":
+            # A new output, or a creation that never finished: no block was written.
+            output.record.write("creating", print_)
+            output.wipe()
+            output.record.clear_markers()
+            try:
+                output.create()
+            except Exception:
+                # Creation failed (a kill instead would leave "creating", redone next time):
+                # leave nothing that looks like a run.
+                output.wipe()
+                output.record.remove()
+                raise
+            output.record.write("writing", print_)
+            state = "writing"
+        written = 0
+        if state == "writing":
+            output.check_readable()
+            output.record.prepare_markers(output.variables())
+            written = run_store_tasks(output.store_tasks(output.record.done()), progress)
+            output.lock.check_held()
+            output.record.write("finishing", print_)
+        output.finish()
+        output.record.remove()
+    finally:
+        output.lock.release()
+        output.tidy()
+    return written
+
+
 def write(
     result: xr.DataArray | xr.Dataset,
-    path: str | Path,
+    path: Any,
     *,
     format: Format = "auto",
     name: Hashable | None = None,
-    resume: bool = True,
+    resume: Resume = True,
     overwrite: bool = False,
     progress: bool = True,
     nodata: float | None = None,
+    storage_options: dict | None = None,
+    break_lock: bool = False,
 ) -> int:
     """Write a (lazy) result to zarr or GeoTIFF block by block; return the blocks written.
 
@@ -244,28 +261,54 @@ def write(
         What to write, typically ``p.apply(...)`` or ``p.reconstruct(...)``. Dask
         blocks become zarr chunks or GeoTIFF windows.
     path
-        ``*.zarr`` or ``*.tif`` (or give ``format``).
+        A local ``*.zarr`` or ``*.tif`` path (or give ``format``); an fsspec URL
+        such as ``"s3://bucket/out.zarr"``, ``"gs://..."``, ``"memory://..."`` or
+        ``"file://..."`` (zarr only); or a zarr ``LocalStore`` / ``FsspecStore``.
     format
         ``"auto"`` (from the suffix), ``"zarr"`` or ``"geotiff"``.
     name
         Variable name of a DataArray in the zarr store; default its name, or
         ``"data"``.
     resume
-        If ``path`` holds an interrupted run of the same result (its progress
-        record exists), write only the blocks it had not written.
+        If ``path`` holds an interrupted run, continue it (write only the blocks
+        it had not written) when the run's record proves it computed the same
+        result: the same input, function, patch layout, output layout and xpatch
+        version. A different computation is refused with what differs. ``False``
+        refuses any unfinished run; ``"force"`` continues one even though the
+        computation differs (the output then mixes both runs: only for changes
+        you know do not alter results).
     overwrite
-        Replace an existing ``path``.
+        Replace an existing ``path`` (or an unfinished run in it).
     progress
         Show a progress bar (dask's locally, distributed's on a cluster).
     nodata
         GeoTIFF only: the nodata value stored in the file; NaN cells of float
         output are written as it. Default: the result's ``_FillValue`` /
         ``nodata`` attribute, else NaN for float output.
+    storage_options
+        fsspec options for a URL (credentials, ``client_kwargs``...), as in
+        xarray's ``to_zarr``.
+    break_lock
+        Take over the lock of a writer that is gone (killed): one on this
+        machine whose process no longer exists, or one elsewhere whose heartbeat
+        stopped. A live writer's lock is never taken.
 
     Returns
     -------
     int
         Number of blocks written by this call (0 if nothing was left to do).
+
+    Raises
+    ------
+    OutputExistsError
+        ``path`` exists (complete, or unfinished with ``resume=False``) and
+        ``overwrite`` is False.
+    OutputLockedError
+        Another writer holds the output's lock (or a killed one left it: see
+        ``break_lock``).
+    OutputError
+        ``path`` holds an unfinished run of another computation, or its record
+        or metadata are damaged.
 
     Examples
     --------
@@ -276,7 +319,10 @@ def write(
     6
     >>> xr.open_zarr(out)["data"].shape
     (4, 6)
+    >>> xpatch.write(da * 2, "memory://demo/twos.zarr", progress=False)
+    6
     """
+    _check_resume(resume)
     if isinstance(result, xr.DataArray):
         dataset = result.to_dataset(name=name if name is not None else result.name or "data")
     elif isinstance(result, xr.Dataset):
@@ -286,181 +332,33 @@ def write(
             f"result is a {type(result).__name__}; write takes an xarray DataArray or Dataset."
         )
     kind = output_format(path, format)
-    path = Path(path)
+    location = locate(path, storage_options)
     if kind == "geotiff":
-        return _write_geotiff(result, path, resume, overwrite, progress, nodata)
-    # Eager variables go through the same block path: counted, resumable, with progress.
-    dataset = dataset.copy()
-    for var_name, var in dataset.data_vars.items():
-        if not isinstance(var.data, da.Array):
-            dataset[var_name] = var.copy(data=da.from_array(np.asarray(var.data), chunks="auto"))
-    plan = _plan(dataset)
-    record, create = _start(path, plan, resume, overwrite)
-    if create:
-        with _removed_on_failure(path, record):
-            dataset.to_zarr(path, mode="w", compute=False, consolidated=False)
-    import zarr
-
-    group = zarr.open_group(str(path), mode="r+")
-    tasks: dict = {}
-    indices: dict = {}
-    dependencies = []
-    token = tokenize(dataset, str(path))
-    # Data variables, and coordinates backed by dask, which to_zarr(compute=False)
-    # leaves unwritten.
-    for var_name, var in dataset.variables.items():
-        data = var.data
-        if not isinstance(data, da.Array):
-            continue
-        dependencies.append(data)
-        target = group[str(var_name)]
-        for index, region in block_regions(data.chunks):
-            marker = _marker(record, var_name, index)
-            if marker.exists():
-                continue
-            indices[(f"{STORE_TASK_PREFIX}{token}", str(var_name), *index)] = index
-            tasks[(f"{STORE_TASK_PREFIX}{token}", str(var_name), *index)] = (
-                _store_block,
-                (data.name, *index),
-                target,
-                region,
-                str(marker),
+        if not location.local:
+            raise OptionError(
+                f"path={location.name!r}: GeoTIFF output is written to a local path (GDAL "
+                "writes a tiled file in place); write zarr to an object store, or a local "
+                "GeoTIFF and upload it."
             )
-    written = _finish(tasks, indices, f"{STORE_TASK_PREFIX}{token}", dependencies, progress)
-    with warnings.catch_warnings():
-        # zarr 3 notes that consolidated metadata is not in its spec yet; xarray reads it.
-        warnings.simplefilter("ignore", UserWarning)
-        zarr.consolidate_metadata(str(path))
-    shutil.rmtree(record)
-    return written
-
-
-def _write_geotiff(
-    result: xr.DataArray | xr.Dataset,
-    path: Path,
-    resume: bool,
-    overwrite: bool,
-    progress: bool,
-    nodata: float | None,
-) -> int:
-    try:
-        import rasterio
-        import rioxarray  # noqa: F401  (registers .rio)
-    except ImportError:
-        raise ImportError(
-            "writing GeoTIFF needs rioxarray and rasterio: pip install 'xarray-patch[geo]'."
-        ) from None
-    if not isinstance(result, xr.DataArray) or result.ndim not in (2, 3):
-        raise OptionError(
-            "GeoTIFF holds one 2-D or 3-D (band, y, x) DataArray; write a Dataset, or arrays "
-            "with more dims, to zarr instead."
-        )
-    y_dim, x_dim = result.rio.y_dim, result.rio.x_dim
-    band_dims = [d for d in result.dims if d not in (y_dim, x_dim)]
-    result = result.transpose(*band_dims, y_dim, x_dim)
-    data = result.data if isinstance(result.data, da.Array) else da.from_array(result.data)
-    data = data.rechunk({0: -1} if band_dims else {})
-    if nodata is None:
-        nodata = file_nodata(result)
-    plan = _plan(result.to_dataset(name="band_data"))
-    record, create = _start(path, plan, resume, overwrite)
-    if create:
-        crs = result.rio.crs
-        try:
-            transform = result.rio.transform(recalc=True)
-        except Exception:  # no regular x/y coordinates: pixel space
-            transform = rasterio.Affine.identity()
-        profile = {
-            "driver": "GTiff",
-            "height": result.sizes[y_dim],
-            "width": result.sizes[x_dim],
-            "count": result.sizes[band_dims[0]] if band_dims else 1,
-            "dtype": str(result.dtype),
-            "crs": crs,
-            "transform": transform,
-            "nodata": nodata,
-            "tiled": True,
-            "blockxsize": 256,
-            "blockysize": 256,
-            "BIGTIFF": "IF_SAFER",
-        }
-        with _removed_on_failure(path, record), rasterio.open(path, "w", **profile):
-            pass
-    lock = _write_lock(str(path), record)
-    token = tokenize(data, str(path))
-    indices: dict = {}
-    floating = np.issubdtype(result.dtype, np.floating)
-    fill = nodata if floating and nodata is not None and not np.isnan(nodata) else None
-    tasks: dict = {}
-    for index, region in block_regions(data.chunks):
-        marker = _marker(record, "band_data", index)
-        if marker.exists():
-            continue
-        indices[(f"{STORE_TASK_PREFIX}{token}", *index)] = index
-        tasks[(f"{STORE_TASK_PREFIX}{token}", *index)] = (
-            _store_geotiff_block,
-            (data.name, *index),
-            str(path),
-            region[-2:],
-            lock,
-            str(marker),
-            fill,
-        )
-    written = _finish(tasks, indices, f"{STORE_TASK_PREFIX}{token}", [data], progress)
-    shutil.rmtree(record)
-    return written
-
-
-def _write_lock(name: str, record: Path) -> Any:
-    """Return a lock that serialises writes to one file across the scheduler's workers.
-
-    distributed's lock on a cluster; otherwise a lock file in the progress record,
-    which serialises threads and processes alike.
-    """
-    if _active_client() is not None:
-        from distributed import Lock
-
-        return Lock(f"xpatch-{name}")
-    return FileLock(record / "write.lock")
-
-
-class FileLock:
-    """An exclusive ``flock`` on a file: holds across threads and processes, and pickles.
-
-    Examples
-    --------
-    >>> import tempfile, pathlib
-    >>> lock = FileLock(pathlib.Path(tempfile.mkdtemp()) / "demo.lock")
-    >>> with lock:
-    ...     pass
-    """
-
-    def __init__(self, path: Path) -> None:
-        self.path = Path(path)
-        self._handle: Any = None
-
-    def __getstate__(self) -> dict:
-        return {"path": self.path}
-
-    def __setstate__(self, state: dict) -> None:
-        self.path = state["path"]
-        self._handle = None
-
-    def __enter__(self) -> FileLock:
-        handle = open(self.path, "a")
-        try:
-            import fcntl
-        except ImportError:  # pragma: no cover - not on Unix: serialise threads only
-            self._handle = (handle, _THREAD_LOCK)
-            _THREAD_LOCK.acquire()
-            return self
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        self._handle = (handle, None)
-        return self
-
-    def __exit__(self, *args: object) -> None:
-        handle, thread_lock = self._handle
-        self._handle = None
-        if thread_lock is not None:  # pragma: no cover - not on Unix
-            thread_lock.release()
-        handle.close()  # closing releases the flock
+        require_rasterio()
+        if not isinstance(result, xr.DataArray):
+            raise OptionError(
+                "GeoTIFF holds one 2-D or 3-D (band, y, x) DataArray; write a Dataset to zarr "
+                "instead."
+            )
+        if nodata is None:
+            nodata = file_nodata(result)
+        output: Any = GeoTiffOutput(result, location, nodata)
+        # As text: NaN would never equal itself after a JSON round trip.
+        layout = {"nodata": None if nodata is None else repr(float(nodata))}
+        print_ = fingerprint(output.dataset(), "geotiff", layout)
+    else:
+        # Eager variables go through the same block path: counted, resumable, with progress.
+        dataset = dataset.copy()
+        for var_name, var in dataset.data_vars.items():
+            if not isinstance(var.data, da.Array):
+                data = da.from_array(np.asarray(var.data), chunks="auto")
+                dataset[var_name] = var.copy(data=data)
+        output = ZarrOutput(dataset, location)
+        print_ = fingerprint(dataset, "zarr", {})
+    return _run(output, print_, resume, overwrite, progress, break_lock)

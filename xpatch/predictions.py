@@ -25,10 +25,11 @@ from xpatch.core.overlap_add import (
     check_reduction,
     overlap_add,
 )
-from xpatch.core.partials import overlap_add_dask
+from xpatch.core.partials import overlap_add_dask, result_dtype
 from xpatch.core.windows import marginal_window
 from xpatch.geo import grid_mapping_name
-from xpatch.variables import is_dask_backed
+from xpatch.provenance import layout_facts, note_result
+from xpatch.variables import data_token, is_dask_backed
 from xpatch.views import PATCH_DIM
 
 if TYPE_CHECKING:
@@ -153,7 +154,8 @@ def reconstruct_variable(
     else:
         # Row r holds patch inverse[r]: place the rows where they are, uncopied.
         anchors = plan.anchors if rows is None else plan.anchors[np.argsort(rows)]
-        out = overlap_add(np.asarray(data), anchors, plan.grid.shape, window, reduce)
+        dtype = result_dtype(data.dtype, reduce, window, plan)
+        out = overlap_add(np.asarray(data), anchors, plan.grid.shape, window, reduce, dtype=dtype)
     result = xr.Variable((*lead, *present), out)
     if template is not None and set(result.dims) == set(template.dims):
         result = result.transpose(*template.dims)
@@ -211,10 +213,17 @@ def reconstruct(p: Patcher, pred: Any, reduce: Reduction = "mean") -> Any:
     Returns
     -------
     DataArray or Dataset
-        On the input's grid, with its coordinates and attributes. Float32 for
-        half/single precision input, float64 otherwise (accumulated in that
-        dtype). NaN predictions are skipped; cells that no valid prediction
-        covers are NaN. Lazy (dask) if ``pred`` is.
+        On the input's grid, with its coordinates and attributes. Accumulated
+        in, and returned as, float32 for half/single precision predictions and
+        float64 for other floats. Integer predictions stay exact when the
+        patches cover every cell (read off the layout, never computed):
+        ``"max"`` / ``"min"`` keep their dtype, ``"sum"`` with an integral
+        window (``"boxcar"``) is int64 (uint64 for unsigned) and raises
+        :class:`~xpatch.PredictionError` if it would wrap around; ``"mean"``,
+        and any reduction of a layout with uncovered cells (NaN there), is
+        float64, and refuses integers beyond 2**53 that ``"max"``, ``"min"``
+        or ``"sum"`` would round. NaN predictions are skipped; cells that no
+        valid prediction covers are NaN. Lazy (dask) if ``pred`` is.
 
     Examples
     --------
@@ -225,6 +234,10 @@ def reconstruct(p: Patcher, pred: Any, reduce: Reduction = "mean") -> Any:
     [0.0, 2.0, 4.0, 6.0, 8.0, 10.0]
     >>> p.reconstruct(p.patches(), reduce="max").values.tolist()
     [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+    >>> ids = xr.DataArray(np.array([2**60 + 1, 3, 2**60 + 5, 7, 9, 11]), dims="x")
+    >>> q = ids.patch(x=4, stride=2)
+    >>> q.reconstruct(q.patches(), reduce="max").values.tolist()[:3]
+    [1152921504606846977, 3, 1152921504606846981]
     """
     reduce = check_reduction(reduce)
     obj = p.obj
@@ -237,6 +250,8 @@ def reconstruct(p: Patcher, pred: Any, reduce: Reduction = "mean") -> Any:
         coords = output_coords(p, pred, dict(zip(variable.dims, variable.shape)))
         out = xr.DataArray(variable, coords=coords, name=pred.name)
         out.encoding.update(variable.encoding)  # a DataArray does not take a Variable's
+        note_result(out, lambda: {"predictions": data_token(pred.variable),
+                                  **layout_facts(p), "reduce": reduce})  # fmt: skip
         return out
     if isinstance(pred, xr.Dataset):
         if not isinstance(obj, xr.Dataset):
@@ -262,7 +277,11 @@ def reconstruct(p: Patcher, pred: Any, reduce: Reduction = "mean") -> Any:
             variables[name] = reconstructed(result, template, attrs)
         sizes = {d: n for v in variables.values() for d, n in zip(v.dims, v.shape)}
         coords = output_coords(p, pred, sizes)
-        return xr.Dataset(variables, coords=coords, attrs=obj.attrs)
+        out_ds = xr.Dataset(variables, coords=coords, attrs=obj.attrs)
+        note_result(out_ds, lambda: {
+            "predictions": {str(n): data_token(pred[n].variable) for n in patched},
+            **layout_facts(p), "reduce": reduce})  # fmt: skip
+        return out_ds
     raise PredictionError(
         f"pred is a {type(pred).__name__}; pass an xarray.DataArray with a {PATCH_DIM!r} dim "
         "and the patched dims, e.g. p.patches() or xr.DataArray(arr, dims=...)."

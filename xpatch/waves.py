@@ -39,6 +39,18 @@ BLOCKS_PER_THREAD = 2
 WAVE_OVERHEAD = 2.0
 
 
+def active_client() -> Any:
+    """Return the active ``dask.distributed`` client, or None (also without distributed)."""
+    try:
+        from distributed import default_client
+    except ImportError:
+        return None
+    try:
+        return default_client()
+    except ValueError:
+        return None
+
+
 def waves_fit_the_scheduler() -> bool:
     """Tell whether the active dask scheduler suits waves.
 

@@ -16,15 +16,11 @@ import numpy as np
 from dask.base import tokenize
 from dask.highlevelgraph import HighLevelGraph
 
+from xpatch.core.callables import code_token
 from xpatch.core.errors import PredictionError
 from xpatch.core.extract import extract_numpy, extract_task, group_reads
-from xpatch.core.overlap_add import (
-    BlendWindow,
-    Reduction,
-    accumulation_dtype,
-    overlap_add_groups,
-)
-from xpatch.core.partials import Partial, assemble_blocks, partial_sums
+from xpatch.core.overlap_add import BlendWindow, Reduction, overlap_add_groups
+from xpatch.core.partials import Partial, assemble_blocks, partial_sums, result_dtype
 from xpatch.core.plan import Plan
 
 #: ``fn(batch) -> batch``: numpy ``(b, *lead_in, *patch)`` to ``(b, *lead_out, *patch)``.
@@ -42,8 +38,8 @@ def run_batches(
     """Call ``fn`` on consecutive batches of ``patches`` and stack what it returns.
 
     Each patch goes through ``fn`` exactly once. The result of every call is
-    checked against the declared ``(b, *lead_shape, *patch)`` shape and cast to
-    ``dtype`` (only within a kind: a float result is not truncated to int).
+    checked against the declared ``(b, *lead_shape, *patch)`` shape and dtype
+    (:func:`check_declared`), then cast to that dtype.
 
     Parameters
     ----------
@@ -76,23 +72,80 @@ def run_batches(
                 f"expected {expected} (batch, *output_dims, *patch). Declare the output's "
                 "non-patched dims with output_dims={name: size} and keep the patch shape."
             )
-        if not np.can_cast(result.dtype, dtype, casting="same_kind"):
-            raise PredictionError(
-                f"fn returned dtype {result.dtype}, which does not fit the declared dtype "
-                f"{dtype}; pass dtype={str(result.dtype)!r} to apply."
-            )
-        out[start : start + len(batch)] = result
+        check_declared(result, dtype)
+        with np.errstate(over="ignore", invalid="ignore"):  # checked; inf and NaN from fn pass
+            out[start : start + len(batch)] = result
     return out
+
+
+#: Per declared kind, the kinds ``fn`` may return: the same, and the exact cases of a
+#: bool or an integer of the other signedness declared as an integer dtype.
+ACCEPTED_KINDS = {"b": "b", "i": "iub", "u": "iub", "f": "f", "c": "c"}
+KIND_NAMES = {"b": "bool", "i": "int", "u": "uint", "f": "float", "c": "complex"}
+
+
+def check_declared(result: np.ndarray, dtype: np.dtype) -> None:
+    """Raise :class:`~xpatch.PredictionError` unless ``result`` fits the declared ``dtype``.
+
+    ``result`` must be of the declared kind (bool, integer, float, complex; a
+    bool or an integer of either signedness may be declared as any integer
+    dtype), and its values must fit: integers within the dtype's range, finite
+    floats not overflowing to inf (NaN and inf that ``fn`` returns pass, and a
+    float may round to a narrower float). The check costs a min and a max.
+
+    Examples
+    --------
+    >>> check_declared(np.array([0, 255], dtype=np.int64), np.dtype("uint8"))
+    >>> check_declared(np.array([-3, 300], dtype=np.int64), np.dtype("uint8"))
+    Traceback (most recent call last):
+    ...
+    xpatch.core.errors.PredictionError: fn returned int64 values from -3 to 300, ...
+    """
+    dtype, kind = np.dtype(dtype), result.dtype.kind
+    if kind not in ACCEPTED_KINDS.get(dtype.kind, dtype.kind):
+        raise PredictionError(
+            f"fn returned dtype {result.dtype} ({KIND_NAMES.get(kind, kind)}), another kind "
+            f"than the declared dtype={str(dtype)!r} ({KIND_NAMES.get(dtype.kind, dtype.kind)}); "
+            f"apply casts within a kind only: pass dtype={str(result.dtype)!r} to apply, or "
+            f"return {dtype} values from fn (out.astype({str(dtype)!r}))."
+        )
+    if result.size == 0 or result.dtype == dtype or dtype.kind not in "iuf" or kind == "b":
+        return
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        low, high = int(result.min()), int(result.max())
+        if info.min <= low and high <= info.max:
+            return
+        limits, clip = (info.min, info.max), f"np.clip(out, {info.min}, {info.max})"
+    else:
+        low, high = np.fmin.reduce(result, axis=None), np.fmax.reduce(result, axis=None)
+        if not np.isfinite([low, high]).all():  # NaN and inf from fn pass: check the others
+            finite = result[np.isfinite(result)]
+            if not finite.size:
+                return
+            low, high = finite.min(), finite.max()
+        with np.errstate(over="ignore"):
+            if np.isfinite(np.array([low, high], dtype=result.dtype).astype(dtype)).all():
+                return
+        info = np.finfo(dtype)
+        limits, clip = (float(info.min), float(info.max)), f"np.clip(out, {info.min}, {info.max})"
+    raise PredictionError(
+        f"fn returned {result.dtype} values from {low} to {high}, which do not fit the declared "
+        f"dtype={str(dtype)!r} ({limits[0]} to {limits[1]}): they would "
+        f"{'wrap around' if dtype.kind in 'iu' else 'overflow to inf'}. Declare a dtype that "
+        f"holds them (dtype={str(result.dtype)!r}), or clip or cast in fn "
+        f"(e.g. {clip}.astype({str(dtype)!r}))."
+    )
 
 
 def _apply_task(
     nested, crops, axes, local_anchors, size, pad_value, fn, batch_size, lead_shape, dtype,
-    anchors, box_origin, box_shape, window, reduce,
+    anchors, box_origin, box_shape, window, reduce, acc,
 ) -> Partial:  # fmt: skip
     patches = extract_task(nested, crops, axes, local_anchors, size, pad_value)
     predictions = run_batches(patches, fn, batch_size, len(axes), lead_shape, dtype)
     del patches
-    return partial_sums(box_origin, box_shape, anchors, predictions, window, reduce)
+    return partial_sums(box_origin, box_shape, anchors, predictions, window, reduce, acc)
 
 
 def apply_numpy(
@@ -111,8 +164,8 @@ def apply_numpy(
     Patches are cut group by group of the plan (so that at most one group of
     patches exists at a time), ``fn`` runs on each group in batches, and the
     predictions are blended by the threaded eager overlap-add. ``array`` holds
-    its patched axes last. Returns ``(*lead_shape, *grid)`` in the accumulation
-    dtype of ``dtype``.
+    its patched axes last. Returns ``(*lead_shape, *grid)`` in the
+    :func:`~xpatch.core.partials.result_dtype` of ``dtype``.
 
     Examples
     --------
@@ -123,6 +176,12 @@ def apply_numpy(
     >>> apply_numpy(x, plan, np.nan, lambda b: b + 1, 8, [], np.dtype("f8"), np.ones(4),
     ...             "mean").tolist()
     [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+
+    Integers stay integers where :func:`~xpatch.core.partials.result_dtype` says so:
+
+    >>> big = np.array([2**60 + 1, 2**60 + 3, 5, 7, 9, 11], dtype=np.int64)
+    >>> apply_numpy(big, plan, 0, lambda b: b, 8, [], big.dtype, np.ones(4), "max").tolist()[:2]
+    [1152921504606846977, 1152921504606846979]
     """
     k = plan.ndim
     axes = list(range(array.ndim - k, array.ndim))
@@ -132,10 +191,11 @@ def apply_numpy(
         patches = extract_numpy(array, axes, group, plan.size, pad_value)
         prediction_groups.append(run_batches(patches, fn, batch_size, k, lead_shape, dtype))
         del patches
-    if not prediction_groups:
-        return np.full((*lead_shape, *array.shape[-k:]), np.nan, accumulation_dtype(dtype))
+    acc = result_dtype(dtype, reduce, window, plan)
+    if not prediction_groups:  # no patch: nothing is covered, and acc is a float
+        return np.full((*lead_shape, *array.shape[-k:]), np.nan, acc)
     grid = array.shape[array.ndim - k :]
-    return overlap_add_groups(anchor_groups, prediction_groups, grid, window, reduce)
+    return overlap_add_groups(anchor_groups, prediction_groups, grid, window, reduce, dtype=acc)
 
 
 def apply_dask(
@@ -162,19 +222,24 @@ def apply_dask(
     Returns
     -------
     dask.array.Array
-        ``(*lead_shape, *grid)`` in the accumulation dtype of ``dtype``.
+        ``(*lead_shape, *grid)`` in the :func:`~xpatch.core.partials.result_dtype`
+        of ``dtype``, decided while building: nothing is computed.
     """
     k = plan.ndim
     n_carried = array.ndim - k
     axes = list(range(n_carried, array.ndim))
     window = BlendWindow.of(window)
     size = list(plan.size)
-    token = tokenize(array, plan, pad_value, fn, batch_size, lead_shape, str(dtype),
+    # The name identifies the values: fn by its code (dask would name a module's
+    # function by its name alone), and not batch_size, which changes no value, so a
+    # resumed write may use another batch size.
+    token = tokenize(array, plan, pad_value, code_token(fn), lead_shape, str(dtype),
                      window.values, reduce)  # fmt: skip
     name = f"xpatch-apply-{token}"
     fn_key = (f"xpatch-fn-{token}",)
     window_key = (f"xpatch-window-{token}",)
     layer: dict = {fn_key: fn, window_key: window}
+    acc = result_dtype(dtype, reduce, window, plan)
     partial_keys = {}
     reads = group_reads(array, axes, plan, whole_axes=range(n_carried))
     for g, _, nested, crops, local in reads:
@@ -182,10 +247,9 @@ def apply_dask(
         lo, shape = plan.boxes[g]
         layer[key] = (
             _apply_task, nested, crops, axes, local, size, pad_value, fn_key, batch_size,
-            tuple(lead_shape), dtype, plan.group_anchors(g), lo, shape, window_key, reduce,
+            tuple(lead_shape), dtype, plan.group_anchors(g), lo, shape, window_key, reduce, acc,
         )  # fmt: skip
         partial_keys[(g, (0,) * len(lead_shape))] = key
-    acc = accumulation_dtype(dtype)
     lead_chunks = [(int(n),) for n in lead_shape]
     chunks = assemble_blocks(
         layer, partial_keys, plan, lead_chunks, window_key, window, reduce, acc, name

@@ -25,5 +25,21 @@ class PredictionError(XPatchError):
     """Predictions handed to ``reconstruct`` do not match the patch layout."""
 
 
+class OutputError(OptionError):
+    """An output cannot be written as asked: it holds another run, or its record is damaged."""
+
+
+class OutputExistsError(OutputError, FileExistsError):
+    """The output exists (complete, or an unfinished run) and the call would replace it."""
+
+
+class OutputLockedError(OutputError):
+    """Another writer holds the output's lock, or a killed writer left it behind."""
+
+
+class MissingDependencyError(XPatchError, ImportError):
+    """An optional dependency this call needs is missing; the message says what to install."""
+
+
 class UncoveredCellsWarning(UserWarning):
     """Some cells of the array are covered by no patch and reconstruct to NaN."""

@@ -26,6 +26,7 @@ from typing import Literal, NamedTuple, get_args
 import numpy as np
 
 from xpatch.core.checks import check_choice
+from xpatch.core.errors import PredictionError
 from xpatch.core.windows import separable_factors
 
 Reduction = Literal["mean", "sum", "max", "min"]
@@ -37,18 +38,80 @@ def check_reduction(reduce: object) -> Reduction:
     return check_choice("reduce", reduce, REDUCTIONS)  # type: ignore[return-value]
 
 
-def accumulation_dtype(dtype: np.dtype) -> np.dtype:
-    """float32 for half/single floats, float64 for doubles and integers (and complex).
+def accumulation_dtype(
+    dtype: np.dtype,
+    reduce: Reduction = "mean",
+    *,
+    window: np.ndarray | BlendWindow | None = None,
+    covered: bool = False,
+) -> np.dtype:
+    """Return the dtype in which ``dtype`` predictions are reduced, and the result's.
+
+    Floats: float32 for half and single precision, else float64 (or complex). Integers: the
+    :func:`exact_integer_dtype` if every cell of the grid is ``covered`` (an integer holds no
+    NaN; :func:`xpatch.core.partials.result_dtype` reads that off a plan), else float64.
 
     Examples
     --------
     >>> [str(accumulation_dtype(np.dtype(t))) for t in ("float16", "float32", "uint8", "int64")]
     ['float32', 'float32', 'float64', 'float64']
+    >>> [str(accumulation_dtype(np.dtype("uint8"), r, window=np.ones(3), covered=True))
+    ...  for r in ("max", "sum", "mean")]
+    ['uint8', 'uint64', 'float64']
     """
     dtype = np.dtype(dtype)
     if np.issubdtype(dtype, np.inexact):
         return np.result_type(dtype, np.float32)
-    return np.dtype(np.float64)
+    exact = exact_integer_dtype(dtype, reduce, window)
+    return exact if exact is not None and covered else np.dtype(np.float64)
+
+
+def exact_integer_dtype(dtype: np.dtype, reduce: Reduction, window) -> np.dtype | None:
+    """Return the integer dtype that reduces integers of ``dtype`` exactly, or None.
+
+    ``"max"`` / ``"min"`` pick a value: ``dtype``. ``"sum"`` with whole weights (``"boxcar"``;
+    and whole separable factors, which weigh too): int64, uint64 for unsigned. Else None.
+    """
+    if np.dtype(dtype).kind not in "iu" or reduce == "mean" or (reduce == "sum" and window is None):
+        return None
+    if reduce in ("max", "min"):
+        return np.dtype(dtype)
+    window = BlendWindow.of(window)
+    if all((np.mod(v, 1) == 0).all() for v in (window.values, *(window.factors or ()))):
+        return np.dtype(np.uint64 if np.dtype(dtype).kind == "u" else np.int64)
+    return None
+
+
+def reduction_fill(dtype: np.dtype, reduce: Reduction) -> object:
+    """Return a cell's value before anything lands: NaN, or an integer max's / min's identity."""
+    if np.dtype(dtype).kind not in "iu":
+        return np.nan
+    return getattr(np.iinfo(dtype), "min" if reduce == "max" else "max")
+
+
+def value_range(groups: Sequence[np.ndarray]) -> tuple[int, int]:
+    """Smallest and largest value of some integer arrays, as Python ints."""
+    present = [g for g in groups if g.size] or [np.zeros(1, np.int64)]
+    return min(int(g.min()) for g in present), max(int(g.max()) for g in present)
+
+
+def check_exact_in_float(groups: Sequence[np.ndarray], reduce: Reduction, window) -> None:
+    """Refuse integers beyond 2**53 that an exact reduction would return rounded in float64.
+
+    ``"max"``, ``"min"`` and an integral ``"sum"`` of integers are float64 only
+    when some cell is covered by no patch (it is NaN).
+    """
+    exact = exact_integer_dtype(groups[0].dtype, reduce, window) if groups else None
+    if exact is None or np.iinfo(groups[0].dtype).bits < 53:
+        return
+    low, high = value_range(groups)
+    if max(-low, high) > 2**53:
+        raise PredictionError(
+            f"reduce={reduce!r} of {groups[0].dtype} predictions from {low} to {high} gives "
+            "float64, because some cells are covered by no patch (NaN there), and float64 holds "
+            "integers exactly only up to 2**53. Cover every cell (boundary='shift' or 'pad', "
+            f"stride <= size) to get an exact {exact} result."
+        )
 
 
 class BlendWindow(NamedTuple):
@@ -98,15 +161,9 @@ def place_patches(
         for i, a, lo_i, hi_i in zip(
             rows.tolist(), anchors[rows].tolist(), lo[rows].tolist(), hi[rows].tolist()
         ):
-            placements.append(
-                Placement(
-                    g,
-                    i,
-                    tuple(a),
-                    tuple(slice(x - b, y - b) for x, y, b in zip(lo_i, hi_i, o)),
-                    tuple(slice(x - s, y - s) for x, y, s in zip(lo_i, hi_i, a)),
-                )
-            )
+            block = tuple(slice(x - b, y - b) for x, y, b in zip(lo_i, hi_i, o))
+            patch = tuple(slice(x - s, y - s) for x, y, s in zip(lo_i, hi_i, a))
+            placements.append(Placement(g, i, tuple(a), block, patch))
     placements.sort(key=lambda p: p.anchor)
     return placements
 
@@ -228,6 +285,12 @@ class BlockWeights:
             return functools.reduce(np.multiply.outer, self._axis_sums)
         return self._total
 
+    def max_total(self) -> float:
+        """Return the largest Σw of the block (0 where nothing lands)."""
+        if self.separable:
+            return float(np.prod([s.max(initial=0.0) for s in self._axis_sums]))
+        return float(self._total.max(initial=0.0))
+
     def covers_all(self) -> bool:
         """Whether every cell of the block is covered by at least one patch."""
         if self.separable:
@@ -248,8 +311,7 @@ def accumulate_groups(
     prediction_groups: Sequence[np.ndarray],
     window: np.ndarray | BlendWindow,
     reduce: Reduction,
-    template: np.ndarray,
-    out: np.ndarray | None = None,
+    out: np.ndarray,
 ) -> np.ndarray:
     """Reduce every patch that touches one output block into that block.
 
@@ -266,31 +328,21 @@ def accumulate_groups(
         Blending window of the patch shape (used by ``"mean"`` and ``"sum"``).
     reduce
         ``"mean"`` (Σ w·x / Σ w), ``"sum"`` (Σ w·x), ``"max"`` or ``"min"``.
-    template
-        A ``(0, *lead, *patch)`` array giving lead shape and dtype when no group
-        touches the block.
     out
-        Where to write the block (``(*lead, *block_shape)``, accumulation dtype);
-        a new array by default. Its previous content is ignored.
-
-    Returns
-    -------
-    numpy.ndarray
-        ``(*lead, *block_shape)`` in the accumulation dtype; NaN where nothing
-        valid landed.
+        Where to write the block (returned): ``(*lead, *block_shape)`` in the
+        :func:`accumulation_dtype`, NaN where nothing valid lands. Its content is ignored.
     """
     window = BlendWindow.of(window)
-    k = len(block_shape)
-    lead = template.shape[1 : template.ndim - k]
-    acc = accumulation_dtype(template.dtype)
-    out_shape = (*lead, *(int(s) for s in block_shape))
-    if out is None:
-        out = np.empty(out_shape, dtype=acc)
     placements = place_patches(origin, block_shape, anchor_groups, window.values.shape)
     weights, valid = add_patches(
         out, origin, block_shape, placements, prediction_groups, window, reduce, reduce == "mean"
     )
     if weights is None:  # max / min
+        return out
+    if out.dtype.kind in "iu":  # an integral sum
+        _, shadow = integer_sum_shadow(out, weights, placements, prediction_groups, window)
+        if shadow is not None:
+            check_wrapped(out, shadow)
         return out
     if valid is not None:
         return normalise(out, valid, reduce)
@@ -301,6 +353,44 @@ def accumulate_groups(
     if not everywhere:
         out[..., ~weights.covered()] = np.nan
     return out
+
+
+def integer_sum_shadow(
+    out: np.ndarray,
+    weights: BlockWeights,
+    placements: Sequence[Placement],
+    prediction_groups: Sequence[np.ndarray],
+    window: BlendWindow,
+) -> tuple[float, np.ndarray | None]:
+    """Bound ``|Σ w·x|`` in an integer sum's block; if it may not fit, return Σ w·x in float64 too.
+
+    Integer sums wrap modulo 2**64: the result is exact when the true sum fits, which
+    the float64 sum tells (:func:`check_wrapped`) where max|x| · max Σw does not.
+    """
+    info, limit = np.iinfo(prediction_groups[0].dtype), np.iinfo(out.dtype).max / 2
+    most = max(-int(info.min), int(info.max))  # first from the dtype alone, without a pass
+    if most * weights.max_total() >= limit:
+        low, high = value_range([prediction_groups[g] for g in {p.group for p in placements}])
+        most = max(-low, high)
+    bound = most * weights.max_total()
+    if bound < limit:
+        return bound, None
+    shadow = np.empty(out.shape, dtype=np.float64)
+    box = (weights.origin, weights.block_shape)
+    add_patches(shadow, *box, placements, prediction_groups, window, "sum", False)
+    return bound, shadow
+
+
+def check_wrapped(out: np.ndarray, shadow: np.ndarray) -> None:
+    """Raise if an integer sum wrapped: it then differs from its float64 sum by about 2**64."""
+    wrapped = np.abs(out.astype(np.float64) - shadow) >= 2.0**63
+    if wrapped.any():
+        raise PredictionError(
+            f"reduce='sum' of integer predictions reaches {shadow[wrapped].flat[0]:.6g}, outside "
+            f"the range of {out.dtype}, in which an integral window sums them exactly. Pass "
+            "float predictions (pred.astype('float64')), or a dtype='float64' to apply, to "
+            "sum in float64, or use reduce='mean'."
+        )
 
 
 def add_patches(
@@ -323,7 +413,7 @@ def add_patches(
     """
     lead_index = (slice(None),) * (out.ndim - len(block_shape))
     if reduce in ("max", "min"):
-        out.fill(np.nan)
+        out.fill(reduction_fill(out.dtype, reduce))
         combine = np.fmax if reduce == "max" else np.fmin
         for p in placements:
             region = out[lead_index + p.block_index]
@@ -433,6 +523,7 @@ def overlap_add(
     window: np.ndarray | BlendWindow,
     reduce: Reduction = "mean",
     *,
+    dtype: np.dtype | None = None,
     threads: int | None = None,
 ) -> np.ndarray:
     """Reconstruct numpy predictions onto the whole grid (eager).
@@ -444,6 +535,9 @@ def overlap_add(
     ----------
     predictions, anchors, grid_shape, window, reduce
         As for :func:`accumulate_groups`, with the whole grid as the block.
+    dtype
+        The result's :func:`accumulation_dtype`; by default as if some cell were
+        uncovered. The plan tells (:func:`xpatch.core.partials.result_dtype`).
     threads
         Number of threads; default: the usable cores (one thread for small inputs).
 
@@ -453,7 +547,9 @@ def overlap_add(
     >>> overlap_add(preds, np.array([[0], [2]]), [6], np.ones(3)).tolist()
     [1.0, 1.0, 1.0, 1.0, 1.0, nan]
     """
-    return overlap_add_groups([anchors], [predictions], grid_shape, window, reduce, threads=threads)
+    return overlap_add_groups(
+        [anchors], [predictions], grid_shape, window, reduce, dtype=dtype, threads=threads
+    )
 
 
 def overlap_add_groups(
@@ -463,6 +559,7 @@ def overlap_add_groups(
     window: np.ndarray | BlendWindow,
     reduce: Reduction = "mean",
     *,
+    dtype: np.dtype | None = None,
     threads: int | None = None,
 ) -> np.ndarray:
     """:func:`overlap_add` of several groups of predictions, read in place.
@@ -477,7 +574,10 @@ def overlap_add_groups(
     grid_shape = [int(n) for n in grid_shape]
     template = prediction_groups[0][:0]
     lead = template.shape[1 : template.ndim - len(grid_shape)]
-    out = np.empty((*lead, *grid_shape), dtype=accumulation_dtype(template.dtype))
+    acc = accumulation_dtype(template.dtype) if dtype is None else np.dtype(dtype)
+    out = np.empty((*lead, *grid_shape), dtype=acc)
+    if acc.kind not in "iu":
+        check_exact_in_float(prediction_groups, reduce, window)
     if threads is None:
         nbytes = sum(p.nbytes for p in prediction_groups)
         threads = worker_count() if nbytes >= PARALLEL_BYTES else 1
@@ -490,9 +590,7 @@ def overlap_add_groups(
         origin = [lo] + [0] * (len(grid_shape) - 1)
         shape = [hi - lo, *grid_shape[1:]]
         view = out[(*lead_index, slice(lo, hi))]
-        accumulate_groups(
-            origin, shape, anchor_groups, prediction_groups, window, reduce, template, out=view
-        )
+        accumulate_groups(origin, shape, anchor_groups, prediction_groups, window, reduce, view)
 
     if len(bands) == 1:
         accumulate_band(bands[0])

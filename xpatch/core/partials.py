@@ -11,8 +11,9 @@ lazy paths give the same numbers.
 from __future__ import annotations
 
 import itertools
+import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import dask.array as da
 import numpy as np
@@ -26,11 +27,95 @@ from xpatch.core.overlap_add import (
     Reduction,
     accumulation_dtype,
     add_patches,
+    check_exact_in_float,
+    check_wrapped,
+    exact_integer_dtype,
+    integer_sum_shadow,
     normalise,
     place_patches,
+    reduction_fill,
 )
 from xpatch.core.plan import Plan
 from xpatch.core.regroup import row_sources
+
+
+def covers_every_cell(anchors: np.ndarray, size: Sequence[int], shape: Sequence[int]) -> bool:
+    """Whether the patches at ``anchors`` cover every cell of a grid of ``shape``.
+
+    From the geometry alone, so that a result's dtype is known while its graph is
+    built: coverage is counted on the grid compressed to the patch edges, and a
+    box whose compressed grid is large is halved first.
+
+    Examples
+    --------
+    >>> covers_every_cell(np.array([[0], [3]]), [3], [6])
+    True
+    >>> covers_every_cell(np.array([[0, 0], [2, 2]]), [2, 2], [4, 4])
+    False
+    """
+    anchors = np.asarray(anchors, dtype=np.int64).reshape(-1, len(shape))
+    size, shape = np.asarray(size, np.int64), np.asarray(shape, np.int64)
+    if len(anchors) * np.prod(size, dtype=np.float64) < np.prod(shape, dtype=np.float64):
+        return False  # fewer cells in all patches together than in the grid
+    return _covers_box(anchors, size, np.zeros_like(shape), shape)
+
+
+def _covers_box(anchors: np.ndarray, size: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> bool:
+    reach = ((anchors < hi) & (anchors + size > lo)).all(axis=1)
+    if not reach.any():
+        return False
+    anchors = anchors[reach]
+    starts, ends = np.clip(anchors, lo, hi), np.clip(anchors + size, lo, hi)
+    cuts = [np.unique(np.r_[a, b, s, e]) for a, b, s, e in zip(lo, hi, starts.T, ends.T)]
+    if np.prod([float(len(c)) for c in cuts]) > 2**20:  # halve the axis with the most edges
+        j = int(np.argmax([len(c) for c in cuts]))
+        left_hi, right_lo = hi.copy(), lo.copy()
+        left_hi[j] = right_lo[j] = cuts[j][len(cuts[j]) // 2]
+        return _covers_box(anchors, size, lo, left_hi) and _covers_box(anchors, size, right_lo, hi)
+    # Coverage counts on the compressed grid: +-1 at the corners of each patch, then cumsum.
+    count = np.zeros([len(c) for c in cuts], dtype=np.int64)
+    edges = [
+        (np.searchsorted(c, s), np.searchsorted(c, e)) for c, s, e in zip(cuts, starts.T, ends.T)
+    ]
+    for corner in itertools.product((0, 1), repeat=len(cuts)):
+        index = tuple(pair[bit] for pair, bit in zip(edges, corner))
+        np.add.at(count, index, -1 if sum(corner) % 2 else 1)
+    for j in range(count.ndim):
+        np.cumsum(count, axis=j, out=count)
+    return bool((count[tuple(slice(0, len(c) - 1) for c in cuts)] > 0).all())
+
+
+#: Plan -> whether its patches cover every cell (a plan is immutable; it is asked once).
+_COVERAGE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def plan_covers(plan: Plan) -> bool:
+    """Whether the patches of ``plan`` cover every cell of its grid (cached per plan)."""
+    covered = _COVERAGE.get(plan)
+    if covered is None:
+        covered = _COVERAGE[plan] = covers_every_cell(plan.anchors, plan.size, plan.grid.shape)
+    return covered
+
+
+def result_dtype(dtype: np.dtype, reduce: Reduction, window, plan: Plan) -> np.dtype:
+    """Return the dtype of reducing ``dtype`` predictions on ``plan``, read off the geometry.
+
+    :func:`~xpatch.core.overlap_add.accumulation_dtype`, with the coverage of
+    the plan: integers stay integers for ``"max"``, ``"min"`` and an integral
+    ``"sum"`` when every cell is covered. Nothing is computed.
+
+    Examples
+    --------
+    >>> from xpatch.core.plan import ChunkGrid
+    >>> grid = ChunkGrid.from_chunks([(6,)])
+    >>> full = Plan.compile(np.array([[0], [3]]), grid, [3], keep_order=True)
+    >>> gap = Plan.compile(np.array([[0], [4]]), grid, [2], keep_order=True)
+    >>> [str(result_dtype(np.dtype("int16"), "max", np.ones(3), p)) for p in (full, gap)]
+    ['int16', 'float64']
+    """
+    exact = exact_integer_dtype(dtype, reduce, window) is not None
+    covered = exact and plan_covers(plan)
+    return accumulation_dtype(dtype, reduce, window=window, covered=covered)
 
 
 @dataclass(frozen=True, eq=False)
@@ -49,18 +134,25 @@ class Partial:
         Start of the box along the patched axes.
     total
         ``(*lead, *box)``: Σ w·x for ``"mean"`` and ``"sum"`` (0 where nothing
-        landed), or the running max / min (NaN where nothing landed).
+        landed), or the running max / min (NaN, or for integers the identity
+        of the max / min, where nothing landed).
     weight
         Σ w of the valid values when some value was NaN; None when all were valid,
         and the window sums of :attr:`anchors` apply.
     anchors
         Anchors of the patches that reach the box.
+    bound, shadow
+        For an integer sum: a bound on ``|total|`` and, when that bound does not
+        rule out that the sum wraps, Σ w·x in float64 (else None), from which
+        the block's sum is checked.
     """
 
     origin: tuple[int, ...]
     total: np.ndarray
     weight: np.ndarray | None
     anchors: np.ndarray
+    bound: float = 0.0
+    shadow: np.ndarray | None = None
 
     def crop(self, origin: Sequence[int], shape: Sequence[int], size: Sequence[int]):
         """Return a copy of the part inside ``[origin, origin + shape)``, or None.
@@ -72,7 +164,8 @@ class Partial:
         if part is None:
             return None
         weight = None if part.weight is None else part.weight.copy()
-        return Partial(part.origin, part.total.copy(), weight, part.anchors)
+        shadow = None if part.shadow is None else part.shadow.copy()
+        return replace(part, total=part.total.copy(), weight=weight, shadow=shadow)
 
     def view(self, origin: Sequence[int], shape: Sequence[int], size: Sequence[int]):
         """Return the part inside ``[origin, origin + shape)`` (views), or None."""
@@ -85,7 +178,10 @@ class Partial:
         index = (Ellipsis, *(slice(a - o, b - o) for a, b, o in zip(lo, hi, self.origin)))
         reach = ((self.anchors < hi) & (self.anchors + np.asarray(size) > lo)).all(axis=1)
         weight = None if self.weight is None else self.weight[index]
-        return Partial(tuple(lo), self.total[index], weight, self.anchors[reach])
+        shadow = None if self.shadow is None else self.shadow[index]
+        return Partial(
+            tuple(lo), self.total[index], weight, self.anchors[reach], self.bound, shadow
+        )
 
 
 def partial_sums(
@@ -95,11 +191,14 @@ def partial_sums(
     predictions: np.ndarray,
     window: np.ndarray | BlendWindow,
     reduce: Reduction,
+    dtype: np.dtype | None = None,
 ) -> Partial:
     """Add one group of patches into the box ``[origin, origin + box_shape)``.
 
     The counterpart of :func:`accumulate_groups` that does not normalise, so that
-    :func:`combine_partials` can add the partials of several groups.
+    :func:`combine_partials` can add the partials of several groups. ``dtype``
+    is the result's (:func:`result_dtype`); by default as if some cell of the
+    grid were uncovered.
 
     Examples
     --------
@@ -111,12 +210,20 @@ def partial_sums(
     k = len(box_shape)
     origin = tuple(int(o) for o in origin)
     lead = predictions.shape[1 : predictions.ndim - k]
-    acc = accumulation_dtype(predictions.dtype)
+    acc = accumulation_dtype(predictions.dtype) if dtype is None else np.dtype(dtype)
+    if acc.kind not in "iu":
+        check_exact_in_float([predictions], reduce, window)
     out = np.empty((*lead, *(int(n) for n in box_shape)), dtype=acc)
     placements = place_patches(origin, box_shape, [anchors], window.values.shape)
     reaching = np.array([p.anchor for p in placements], dtype=np.int64).reshape(-1, k)
-    _, valid = add_patches(out, origin, box_shape, placements, [predictions], window, reduce, False)
-    return Partial(origin, out, valid, reaching)
+    weights, valid = add_patches(
+        out, origin, box_shape, placements, [predictions], window, reduce, False
+    )
+    if weights is None or acc.kind not in "iu":
+        return Partial(origin, out, valid, reaching)
+    # An integral sum wraps modulo 2**64 and is checked once the block is whole.
+    bound, shadow = integer_sum_shadow(out, weights, placements, [predictions], window)
+    return Partial(origin, out, valid, reaching, bound, shadow)
 
 
 def combine_partials(
@@ -129,8 +236,9 @@ def combine_partials(
 ) -> np.ndarray:
     """Add the partials that fall on one block and normalise: the block's result.
 
-    Returns ``(*lead, *block_shape)`` in the accumulation dtype, NaN where nothing
-    valid landed, as :func:`accumulate_groups` does for the same patches.
+    ``template`` is ``(0, *lead, *patch)`` in the result's dtype (:func:`result_dtype`).
+    Returns ``(*lead, *block_shape)`` in that dtype, NaN where nothing valid
+    landed, as :func:`accumulate_groups` does for the same patches.
 
     Examples
     --------
@@ -143,7 +251,7 @@ def combine_partials(
     window = BlendWindow.of(window)
     k = len(block_shape)
     lead = template.shape[1 : template.ndim - k]
-    acc = accumulation_dtype(template.dtype)
+    acc = template.dtype
     out_shape = (*lead, *(int(n) for n in block_shape))
     origin = [int(o) for o in origin]
     pieces = []
@@ -163,7 +271,7 @@ def combine_partials(
         return (Ellipsis, *(slice(a, a + n) for a, n in zip(offsets, extent)))
 
     if reduce in ("max", "min"):
-        out = np.full(out_shape, np.nan, dtype=acc)
+        out = np.full(out_shape, reduction_fill(acc, reduce), dtype=acc)
         combine = np.fmax if reduce == "max" else np.fmin
         for piece in pieces:
             combine(out[region(piece)], piece.total, out=out[region(piece)])
@@ -171,6 +279,13 @@ def combine_partials(
     out = np.zeros(out_shape, dtype=acc)
     for piece in pieces:
         out[region(piece)] += piece.total
+    if acc.kind in "iu":  # an integral sum, every cell covered: exact unless it wrapped
+        if sum(piece.bound for piece in pieces) >= np.iinfo(acc).max / 2:
+            shadow = np.zeros(out_shape, dtype=np.float64)
+            for piece in pieces:
+                shadow[region(piece)] += piece.total if piece.shadow is None else piece.shadow
+            check_wrapped(out, shadow)
+        return out
     real = np.empty(0, dtype=acc).real.dtype
 
     def window_sums(box_origin, box_shape, anchors) -> BlockWeights:
@@ -259,7 +374,7 @@ def assemble_blocks(
     return tuple(tuple(c) for c in lead_chunks) + grid.chunks
 
 
-def _partial_task(predictions, anchors, origin, box_shape, window, reduce, columns) -> Partial:
+def _partial_task(predictions, anchors, origin, box_shape, window, reduce, columns, dtype):
     carried = None if columns is None else np.stack(columns, axis=1)
     if carried is not None and not np.array_equal(carried, anchors):
         bad = int(np.flatnonzero((np.asarray(carried) != anchors).any(axis=1))[0])
@@ -270,7 +385,7 @@ def _partial_task(predictions, anchors, origin, box_shape, window, reduce, colum
             "anchor coordinates (pred.assign_coords({c: pred[c].compute() ...})) to have "
             "them put in order."
         )
-    return partial_sums(origin, box_shape, anchors, predictions, window, reduce)
+    return partial_sums(origin, box_shape, anchors, predictions, window, reduce, dtype)
 
 
 def overlap_add_dask(
@@ -316,7 +431,7 @@ def overlap_add_dask(
     window = BlendWindow.of(window)
     predictions = predictions.rechunk({ax: -1 for ax in range(1 + n_lead, predictions.ndim)})
     rows = plan.order if rows is None else np.asarray(rows, dtype=np.int64)[plan.order]
-    acc = accumulation_dtype(predictions.dtype)
+    acc = result_dtype(predictions.dtype, reduce, window, plan)
     token = tokenize(predictions, plan, rows, window.values, reduce, carried_anchors)
     name = f"xpatch-overlap-add-{token}"
     window_key = (f"xpatch-window-{token}",)
@@ -336,7 +451,8 @@ def overlap_add_dask(
                     row_sources(column.name, column.chunks[0], rows[start:stop], ())
                     for column in carried_anchors
                 ]
-            layer[key] = (_partial_task, source, anchors, lo, shape, window_key, reduce, carried)
+            task = (_partial_task, source, anchors, lo, shape, window_key, reduce, carried)
+            layer[key] = (*task, acc)
             partial_keys[(g, lead_block)] = key
     chunks = assemble_blocks(
         layer, partial_keys, plan, lead_chunks, window_key, window, reduce, acc, name
