@@ -284,7 +284,8 @@ class WriterLock:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def _info(self) -> dict:
+    def content(self) -> dict:
+        """Return what this writer puts in the lock: who it is, since when, its heartbeat."""
         return {
             "owner": self.owner,
             "host": socket.gethostname(),
@@ -340,7 +341,7 @@ class WriterLock:
         self.fs.makedirs(self.folder, exist_ok=True)
         for _attempt in range(3):
             try:
-                create_exclusively(self.fs, self.path, json.dumps(self._info()).encode())
+                create_exclusively(self.fs, self.path, json.dumps(self.content()).encode())
             except FileExistsError:
                 info = self.holder()
                 if info is None:
@@ -379,7 +380,7 @@ class WriterLock:
                 if not info or info.get("owner") != self.owner:
                     self.lost = info or {}
                     return
-                put_atomically(self.fs, self.path, json.dumps(self._info()).encode())
+                put_atomically(self.fs, self.path, json.dumps(self.content()).encode())
             except OSError:  # a store hiccup: the next beat tries again
                 continue
 
