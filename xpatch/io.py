@@ -353,6 +353,13 @@ def write(
         layout = {"nodata": None if nodata is None else repr(float(nodata))}
         print_ = fingerprint(output.dataset(), "geotiff", layout)
     else:
+        nested = [str(n) for n in dataset.variables if "/" in str(n)]
+        if nested:
+            raise OptionError(
+                f"variable names {nested!r} contain '/', which zarr reads as a group path (the "
+                "variable would be hidden in a subgroup); rename them, e.g. "
+                "result.rename({'a/b': 'a_b'})."
+            )
         # Eager variables go through the same block path: counted, resumable, with progress.
         dataset = dataset.copy()
         for var_name, var in dataset.data_vars.items():

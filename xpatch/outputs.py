@@ -211,6 +211,10 @@ class ZarrOutput:
             for folder in (self.record.folder, self.location.root):
                 with contextlib.suppress(OSError):
                     os.rmdir(folder)
+        elif "memory" in self.location.fs.protocol:
+            # fsspec's memory filesystem keeps empty folders too.
+            with contextlib.suppress(OSError):
+                self.location.fs.rmdir(self.record.folder)
 
 
 def _store_geotiff_block(

@@ -84,6 +84,20 @@ def create_exclusively(fs: Any, path: str, data: bytes) -> None:
         os.unlink(temporary)
 
 
+def remove_leftovers(fs: Any, path: str, older_than: float = 0.0) -> None:
+    """Remove temporary files that a kill left beside ``path`` (see :func:`put_atomically`).
+
+    Only files older than ``older_than`` seconds go, so that another writer's
+    temporary file, which it is about to rename or link, is left alone.
+    """
+    if not is_local(fs):
+        return  # object stores replace keys in one PUT: no temporary files
+    for leftover in Path(path).parent.glob(Path(path).name + ".*.tmp"):
+        with contextlib.suppress(OSError):
+            if time.time() - leftover.stat().st_mtime >= older_than:
+                leftover.unlink()
+
+
 def read_bytes(fs: Any, path: str) -> bytes | None:
     """Return the bytes at ``path``, or None if there is no such file."""
     try:
@@ -213,11 +227,14 @@ class ProgressRecord:
         """Remove the record: ``record.json`` first (one atomic delete), then the markers.
 
         Once ``record.json`` is gone the output counts as complete; markers left
-        by a kill after that are removed by the next run.
+        by a kill after that are removed by the next run, and so are temporary
+        copies of ``record.json`` that a kill left mid-replacement (only the lock's
+        holder writes them, so none is in flight).
         """
         with contextlib.suppress(FileNotFoundError):
             self.fs.rm_file(self.record_path)
         self.clear_markers()
+        remove_leftovers(self.fs, self.record_path)
 
 
 def _boot_id() -> str:
@@ -234,6 +251,15 @@ def _process_start(pid: int) -> str:
     except OSError:
         return ""
     return stat.rsplit(")", 1)[1].split()[19]
+
+
+def _process_state(pid: int) -> str:
+    """Return the state letter of process ``pid`` ('Z' for a zombie), '' if unknown."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    return stat.rsplit(")", 1)[1].split()[0]
 
 
 def _process_exists(pid: int) -> bool:
@@ -320,7 +346,13 @@ class WriterLock:
         same_machine = info.get("host") == socket.gethostname() and info.get("boot") == _boot_id()
         if same_machine:
             pid = int(info.get("pid", -1))
-            alive = _process_exists(pid) and _process_start(pid) == info.get("pid_start")
+            # A killed writer that its parent has not reaped yet is a zombie: its pid
+            # still answers, but it will never write again.
+            alive = (
+                _process_exists(pid)
+                and _process_start(pid) == info.get("pid_start")
+                and _process_state(pid) not in ("Z", "X")
+            )
             if alive:
                 return False, who
             return True, f"{who}, which no longer runs (it was killed)"
@@ -405,3 +437,6 @@ class WriterLock:
         if info and info.get("owner") == self.owner:
             with contextlib.suppress(FileNotFoundError):
                 self.fs.rm_file(self.path)
+        # A writer killed while creating the lock left its copy; a live one links its
+        # copy within milliseconds.
+        remove_leftovers(self.fs, self.path, older_than=STALE_AFTER_SECONDS)
