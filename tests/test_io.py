@@ -12,45 +12,13 @@ import zarr
 
 import xpatch
 import xpatch.waves
+from tests.writing import Affine, lazy_temperature
 from xpatch.io import progress_record
-
-
-class Affine:
-    """``b * 2 + 1``, counting its calls and patches; raises once ``fail_after`` calls ran.
-
-    A plain class (not a closure) so that it pickles; run under the synchronous
-    scheduler, the counters are those of this very object.
-    """
-
-    def __init__(self, fail_after: int | None = None) -> None:
-        self.fail_after = fail_after
-        self.calls = 0
-        self.patches = 0
-
-    def __dask_tokenize__(self) -> str:
-        # The model's identity: crashing and healthy instances compute the same thing, so
-        # a resumed write may continue the crashed one.
-        return "affine-2x+1"
-
-    def __call__(self, batch: np.ndarray) -> np.ndarray:
-        if self.fail_after is not None and self.calls >= self.fail_after:
-            raise RuntimeError("simulated crash in the middle of the run")
-        self.calls += 1
-        self.patches += len(batch)
-        return batch * 2 + 1
 
 
 @pytest.fixture
 def lazy() -> xr.DataArray:
-    """(band, y, x) = (2, 64, 64) in 16 x 16 chunks: 16 output blocks, 16 patch groups."""
-    rng = np.random.default_rng(7)
-    return xr.DataArray(
-        rng.normal(size=(2, 64, 64)),
-        dims=("band", "y", "x"),
-        coords={"band": [10, 20], "y": 100.0 - 2.0 * np.arange(64), "x": 3.0 * np.arange(64)},
-        attrs={"units": "K"},
-        name="temp",
-    ).chunk({"band": 2, "y": 16, "x": 16})
+    return lazy_temperature(seed=7)
 
 
 def patcher(da: xr.DataArray) -> xpatch.Patcher:

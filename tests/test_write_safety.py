@@ -26,6 +26,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 import xpatch
 from tests.conftest import run_script
+from tests.writing import Affine, lazy_temperature
 from xpatch.io import progress_record
 from xpatch.record import STALE_AFTER_SECONDS, ProgressRecord, WriterLock
 
@@ -33,37 +34,9 @@ from xpatch.record import STALE_AFTER_SECONDS, ProgressRecord, WriterLock
 WAYS_OUT = ("overwrite=True", "--restart", "resume='force'")
 
 
-class Affine:
-    """``b * k + 1``; raises once ``fail_after`` calls ran. Its identity is ``k`` alone."""
-
-    def __init__(self, k: int = 2, fail_after: int | None = None) -> None:
-        self.k = k
-        self.fail_after = fail_after
-        self.calls = 0
-        self.patches = 0
-
-    def __dask_tokenize__(self) -> str:
-        # A crashing and a healthy instance compute the same thing.
-        return f"affine-{self.k}x+1"
-
-    def __call__(self, batch: np.ndarray) -> np.ndarray:
-        if self.fail_after is not None and self.calls >= self.fail_after:
-            raise RuntimeError("simulated crash in the middle of the run")
-        self.calls += 1
-        self.patches += len(batch)
-        return batch * self.k + 1
-
-
 @pytest.fixture
 def lazy() -> xr.DataArray:
-    """(band, y, x) = (2, 64, 64) in 16 x 16 chunks: 16 output blocks."""
-    rng = np.random.default_rng(11)
-    return xr.DataArray(
-        rng.normal(size=(2, 64, 64)),
-        dims=("band", "y", "x"),
-        coords={"band": [10, 20], "y": 100.0 - 2.0 * np.arange(64), "x": 3.0 * np.arange(64)},
-        name="temp",
-    ).chunk({"band": 2, "y": 16, "x": 16})
+    return lazy_temperature(seed=11)
 
 
 BLOCKS = 16
