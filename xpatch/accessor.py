@@ -12,6 +12,7 @@ from typing import Any
 import xarray as xr
 
 from xpatch.core.geometry import Boundary
+from xpatch.core.padding import PadMode
 from xpatch.core.samplers import AtLabels, Sampler
 from xpatch.core.windows import WindowSpec
 from xpatch.patcher import Patcher
@@ -45,6 +46,7 @@ class PatchAccessor:
         sampler: Sampler | AtLabels | None = None,
         min_valid: float | None = None,
         pad_value: Any = None,
+        pad_mode: PadMode = "constant",
         **size_kwargs: int,
     ) -> Patcher:
         """Build a :class:`~xpatch.Patcher`; see it for the parameters."""
@@ -57,6 +59,7 @@ class PatchAccessor:
             sampler=sampler,
             min_valid=min_valid,
             pad_value=pad_value,
+            pad_mode=pad_mode,
             **size_kwargs,
         )
 

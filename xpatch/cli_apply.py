@@ -75,6 +75,13 @@ def add_apply_command(commands: argparse._SubParsersAction) -> argparse.Argument
     )
     apply.add_argument("--boundary", choices=("shift", "pad", "drop", "raise"), default="shift")
     apply.add_argument(
+        "--pad-mode",
+        choices=("constant", "reflect", "symmetric", "edge", "wrap"),
+        default="constant",
+        help="how --boundary pad fills cells beyond the edge (numpy.pad's modes); constant "
+        "fills with NaN for floats, which a convolution spreads: prefer reflect or edge",
+    )
+    apply.add_argument(
         "--dims", default=None, help="patched dims, comma-separated (default: y,x or the last two)"
     )
     apply.add_argument(
@@ -82,12 +89,18 @@ def add_apply_command(commands: argparse._SubParsersAction) -> argparse.Argument
     )
     apply.add_argument("--batch-size", type=positive_int, default=32)
     apply.add_argument(
+        "--pad-batch",
+        action="store_true",
+        help="hand FN batches of exactly --batch-size patches (the last one padded), so that "
+        "a jitted model compiles once",
+    )
+    apply.add_argument(
         "--output-dims",
         default=None,
         help="FN's non-patched output dims, e.g. class=5 ('' for none; default: the input's)",
     )
     apply.add_argument("--dtype", default=None, help="FN's output dtype (default: the input's)")
-    apply.add_argument("--reduce", choices=("mean", "sum", "max", "min"), default="mean")
+    apply.add_argument("--reduce", choices=("mean", "sum", "max", "min", "vote"), default="mean")
     apply.add_argument(
         "--nodata",
         type=_nodata,
@@ -342,10 +355,17 @@ def _plan_apply(args: argparse.Namespace) -> tuple:
         )
     data = data.chunk({d: (args.chunks if d in dims else -1) for d in data.dims})
     stride = args.stride if args.stride is not None else args.size
-    p = data.patch({d: args.size for d in dims}, stride, window=args.window, boundary=args.boundary)
+    p = data.patch(
+        {d: args.size for d in dims},
+        stride,
+        window=args.window,
+        boundary=args.boundary,
+        pad_mode=args.pad_mode,
+    )
     result = p.apply(
         fn,
         batch_size=args.batch_size,
+        pad_batch=args.pad_batch,
         output_dims=_output_dims(args.output_dims),
         dtype=args.dtype,
         reduce=args.reduce,

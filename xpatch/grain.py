@@ -37,10 +37,11 @@ from xpatch.core.chunk_cache import (
     read_region,
 )
 from xpatch.core.errors import DimensionError, OptionError, PredictionError
-from xpatch.core.extract import check_pad_value
+from xpatch.core.padding import fill_padded
 from xpatch.core.shuffle import chunk_local_permutation
 from xpatch.geo import patch_transforms
-from xpatch.variables import data_token, is_dask_backed, patched_variables
+from xpatch.grain_plans import VariablePlan, variable_index
+from xpatch.variables import data_token, patched_variables
 
 if TYPE_CHECKING:
     from xpatch.patcher import Patcher
@@ -73,35 +74,6 @@ def mark_absl_flags_parsed() -> None:
         return
     if not flags.FLAGS.is_parsed():
         flags.FLAGS.mark_as_parsed()
-
-
-class _VariablePlan:
-    """How to cut one variable's patches: its patched axes, patch shape and pad value."""
-
-    __slots__ = (
-        "axes", "columns", "dtype", "extents", "lazy", "name", "pad_value", "patch_shape",
-        "patch_size", "var",
-    )  # fmt: skip
-
-    def __init__(
-        self, name: Hashable, var: xr.Variable, dims: Sequence[Hashable], size, pad_value
-    ) -> None:
-        self.name = name
-        self.var = var
-        # The patched axes the variable has, in its own order, and for each the
-        # column of the patcher's anchors (which follow the patcher's dim order).
-        present = [j for j in range(len(dims)) if dims[j] in var.dims]
-        self.columns = sorted(present, key=lambda j: var.dims.index(dims[j]))
-        self.axes = [var.dims.index(dims[j]) for j in self.columns]
-        shape = list(var.shape)
-        for ax, j in zip(self.axes, self.columns):
-            shape[ax] = size[j]
-        self.patch_shape = tuple(shape)
-        self.patch_size = [shape[ax] for ax in self.axes]
-        self.extents = [var.shape[ax] for ax in self.axes]
-        self.dtype = var.dtype
-        self.pad_value = check_pad_value(pad_value, var.dtype)
-        self.lazy = is_dask_backed(var)
 
 
 class PatchSource:
@@ -201,7 +173,7 @@ class PatchSource:
             chosen = {str(n): usable[n] for n in names}
         size = [patcher.size[d] for d in dims]
         plans = [
-            _VariablePlan(name, var, dims, size, patcher.pad_value) for name, var in chosen.items()
+            VariablePlan(name, var, dims, size, patcher.pad_value) for name, var in chosen.items()
         ]
         anchors = patcher.plan.anchors
         # The plan's chunks (the input's, which order the patches) are the ones
@@ -216,6 +188,7 @@ class PatchSource:
         self._grid = grid
         self._size = size
         self._shape = list(patcher.geometry.shape)
+        self._pad_mode = patcher.pad_mode
         self._window = patcher.blend_window.values.astype(np.float32)
         self._transforms = None
         if transform:
@@ -288,9 +261,13 @@ class PatchSource:
                 loaded[plan.name] = value
         return loaded
 
-    def _cut(self, plan: _VariablePlan, anchor: tuple[int, ...], chunks: list) -> np.ndarray:
+    def _cut(self, plan: VariablePlan, anchor: tuple[int, ...], chunks: list) -> np.ndarray:
         local = [anchor[j] for j in plan.columns]
         inside = all(a + s <= n for a, s, n in zip(local, plan.patch_size, plan.extents))
+        if not inside and self._pad_mode != "constant":  # cells repeated from the input
+            out = np.empty(plan.patch_shape, plan.dtype)
+            read = lambda box: self._read_box(plan, anchor, box)  # noqa: E731
+            return fill_padded(out, plan.axes, local, plan.extents, self._pad_mode, read)
         out = (
             np.empty(plan.patch_shape, plan.dtype)
             if inside
@@ -302,13 +279,35 @@ class PatchSource:
                 for region, values in chunks
             ]
             return assemble_patch(out, plan.axes, local, pieces)
-        window = _index(plan, [slice(a, a + s) for a, s in zip(anchor, self._size)], clip=True)
+        window = variable_index(
+            plan, [slice(a, a + s) for a, s in zip(anchor, self._size)], clip=True
+        )
         values = plan.var[window].values
         target = [slice(None)] * len(plan.patch_shape)
         for ax in plan.axes:
             target[ax] = slice(0, values.shape[ax])
         out[tuple(target)] = values
         return out
+
+    def _read_box(self, plan: VariablePlan, anchor, box: list[tuple[int, int]]) -> np.ndarray:
+        # The input cells of `box` (one [start, stop) per column of `plan`), whatever
+        # chunks hold them: a patch padded by repetition reads them from far away.
+        lo, size = list(anchor), list(self._size)
+        for j, (a, b) in zip(plan.columns, box):
+            lo[j], size[j] = a, b - a
+        region = [slice(a, a + n) for a, n in zip(lo, size)]
+        if not plan.lazy:
+            return np.asarray(plan.var[variable_index(plan, region)].values)
+        shape = list(plan.patch_shape)
+        for ax, (a, b) in zip(plan.axes, box):
+            shape[ax] = b - a
+        pieces = [
+            (tuple(self._grid.region(b)[j] for j in plan.columns), self._chunk(b)[plan.name])
+            for b in self._grid.touched(lo, size)
+        ]
+        return assemble_patch(
+            np.empty(shape, plan.dtype), plan.axes, [lo[j] for j in plan.columns], pieces
+        )
 
     def _weights(self, anchor: tuple[int, ...]) -> np.ndarray:
         # A fresh array per item: consumers such as torch's collate want to own it.
@@ -359,8 +358,8 @@ class PatchSource:
     def fingerprint(self) -> str:
         """16 hex digits that identify the patches this source serves: layout and data.
 
-        It covers the patched dims, size, stride, boundary, window and
-        ``pad_value``; the sampler's kind and its anchors in order (``min_valid``
+        It covers the patched dims, size, stride, boundary, window,
+        ``pad_value`` and ``pad_mode``; the sampler's kind and its anchors in order (``min_valid``
         acts through them); the variables served (names, dims, shapes, dtypes);
         ``transform=True``; and each variable's data token: the graph's name for
         dask data (xarray derives it from the file's path and modification time), a
@@ -392,11 +391,14 @@ class PatchSource:
             ]
             # Files opened without dask chunks (not in memory): zarr names its path on the Dataset.
             unread = [v for v in self._plans if not (v.lazy or getattr(v.var, "_in_memory", 1))]
+            # The pad mode only when not the default: older fingerprints stay valid.
+            padding = () if self._pad_mode == "constant" else (self._pad_mode,)
             self._fingerprint = tokenize(
                 ("xpatch.PatchSource v1", type(p.obj).__name__, p.dims, g.shape, g.size),
                 (g.stride, g.boundary, type(p.sampler).__qualname__, self._anchors),
                 (p.blend_window.values, variables, self._transforms),
                 p.obj.encoding.get("source") if unread else None,
+                *padding,
             )[:16]
         return self._fingerprint
 
@@ -589,12 +591,3 @@ class PatchSource:
             for j, d in enumerate(self._patcher.dims)
         }
         return xr.DataArray(values[order], dims=("patch", *dims), coords=coords, name=name)
-
-
-def _index(plan: _VariablePlan, region: Sequence[slice], clip: bool = False) -> tuple:
-    """Index of ``plan.var`` for ``region`` (slices in the patcher's dim order)."""
-    index: list[slice] = [slice(None)] * plan.var.ndim
-    for ax, j in zip(plan.axes, plan.columns):
-        sl = region[j]
-        index[ax] = slice(sl.start, min(sl.stop, plan.var.shape[ax])) if clip else sl
-    return tuple(index)

@@ -62,6 +62,7 @@ def apply(
     dtype: DTypeLike | None = None,
     reduce: Reduction = "mean",
     nodata: float | Literal["input"] | None = "input",
+    pad_batch: bool = False,
 ) -> xr.DataArray:
     """Run ``fn`` over every patch in batches and blend the results onto the grid.
 
@@ -75,9 +76,20 @@ def apply(
     fn
         ``fn(batch) -> batch``. It receives numpy arrays ``(b, *carried,
         *patch)``: the input's non-patched dims in its order, then the patched
-        dims in the order of :attr:`dims`, with ``b <= batch_size``. It returns
-        ``(b, *output_dims, *patch)``. With ``boundary="pad"`` the padded cells
-        hold ``pad_value``.
+        dims in the order of :attr:`dims`, with ``b <= batch_size`` (``b ==
+        batch_size`` with ``pad_batch=True``). It returns ``(b, *output_dims,
+        *patch)``. With ``boundary="pad"`` the cells past the edge are filled as
+        the patcher's ``pad_mode`` says, the same as in :meth:`patches`.
+
+        **Padding and models that look at neighbours.** The default
+        ``pad_mode="constant"`` fills float data with NaN, and a convolution
+        spreads that NaN from the padded cells into the valid cells near the
+        edge (a 3x3 filter turns the last valid row and column NaN). The
+        default stays ``"constant"`` so that ``apply`` equals running ``fn`` on
+        :meth:`patches` and :meth:`reconstruct`, and so that existing results do
+        not change; for such models build the patcher with
+        ``boundary="pad", pad_mode="reflect"`` (or ``"edge"``, or
+        ``pad_mode="constant", pad_value=0``).
     batch_size
         Largest number of patches per call of ``fn``.
     output_dims
@@ -104,6 +116,13 @@ def apply(
         no valid prediction reached, take it. A prediction equal to it would be
         read as missing: choose one the model cannot output (``np.nan`` is
         always safe for the float output).
+    pad_batch
+        If True, ``fn`` only ever sees batches of exactly ``batch_size``
+        patches: the last batch of each group (one per input chunk) is filled
+        up with copies of its last patch, and their results are discarded. A
+        compiled function (``jax.jit``, ``torch.compile``) then compiles once
+        per run instead of once per new batch size, at the cost of some wasted
+        work on the filler patches. Values are those of ``pad_batch=False``.
 
     Returns
     -------
@@ -129,6 +148,16 @@ def apply(
     ...                  dtype="uint8", reduce="max")
     >>> labels.dtype, labels.isel(n=0).values[2].tolist()
     (dtype('uint8'), [1, 1, 1, 2])
+
+    A 3-point mean filter over reflect-padded patches, in batches of exactly 2:
+
+    >>> line = xr.DataArray(np.arange(7.0), dims="x")
+    >>> p = line.patch(x=4, boundary="pad", pad_mode="reflect")
+    >>> def smooth(b):
+    ...     assert len(b) == 3  # 2 patches, and a copy of the last
+    ...     return (np.roll(b, 1, -1) + b + np.roll(b, -1, -1)) / 3
+    >>> bool(p.apply(smooth, batch_size=3, pad_batch=True).isnull().any())
+    False
     """
     obj = p.obj
     if not isinstance(obj, xr.DataArray):
@@ -140,6 +169,11 @@ def apply(
         raise OptionError(f"fn={fn!r} is not callable; pass fn(batch) -> batch.")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise OptionError(f"batch_size={batch_size!r} must be a positive int, e.g. 32.")
+    if not isinstance(pad_batch, bool | np.bool_):
+        raise OptionError(
+            f"pad_batch={pad_batch!r} must be True or False (True: fn always gets exactly "
+            "batch_size patches)."
+        )
     reduce = check_reduction(reduce)
     nodata = check_nodata_option(nodata)
     output_dims = check_output_dims(p, output_dims)
@@ -160,6 +194,8 @@ def apply(
         dtype=dtype,
         window=p.blend_window,
         reduce=reduce,
+        pad_mode=p.pad_mode,
+        pad_batch=bool(pad_batch),
     )
     if isinstance(data, da.Array):
         out = apply_dask(data, **common)
@@ -180,6 +216,7 @@ def apply(
             "dtype": str(dtype),
             "reduce": reduce,
             "nodata": nodata,
+            "pad_mode": p.pad_mode,
         },
     )
     return out

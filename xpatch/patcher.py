@@ -25,6 +25,7 @@ from xpatch.core.chunk_cache import DEFAULT_CACHE_BYTES
 from xpatch.core.errors import DimensionError, GeometryError, OptionError, UncoveredCellsWarning
 from xpatch.core.geometry import Boundary, Geometry
 from xpatch.core.overlap_add import BlendWindow, Reduction
+from xpatch.core.padding import PadMode, check_pad_mode
 from xpatch.core.plan import Plan, max_group_size
 from xpatch.core.samplers import AtLabels, RegularGrid, Sampler, anchor_array, index_positions
 from xpatch.core.windows import WindowSpec, make_window
@@ -94,7 +95,7 @@ class Patcher(Generic[T]):
     boundary
         ``"shift"`` (default): the last patch along a dim is moved back to end flush
         with the edge, every cell is covered. ``"pad"``: edge patches run past the
-        edge and are padded with ``pad_value``; padded cells carry no weight.
+        edge and are padded as ``pad_mode`` says; padded cells carry no weight.
         ``"drop"``: incomplete patches are left out, with an
         :class:`~xpatch.UncoveredCellsWarning` that counts the uncovered cells.
         ``"raise"``: raise if the grid's stride does not end flush with the edge
@@ -120,7 +121,17 @@ class Patcher(Generic[T]):
     pad_value
         Fill of padded cells with ``boundary="pad"``; default NaN for float data
         and 0 for integer data (0 cast to other dtypes: give ``""`` for strings,
-        ``np.datetime64("NaT")`` for datetimes).
+        ``np.datetime64("NaT")`` for datetimes). Only with ``pad_mode="constant"``.
+    pad_mode
+        How ``boundary="pad"`` fills the cells past the array's end, with
+        :func:`numpy.pad`'s meanings relative to the whole array's edges (never a
+        chunk's): ``"constant"`` (default) with ``pad_value``, ``"reflect"``
+        (mirrored about the last cell), ``"symmetric"`` (mirrored, the last cell
+        repeated), ``"edge"`` (the last cell repeated) or ``"wrap"`` (continued
+        from the array's start). Every view, :meth:`apply` and the Grain source
+        use it. A model that looks at neighbours (a convolution) spreads the
+        default NaN fill of float data into valid cells near the edge: use
+        ``"reflect"`` (or ``"edge"``) for those.
     **size_kwargs
         The patch size as keyword arguments, ``y=256, x=256``.
 
@@ -146,12 +157,19 @@ class Patcher(Generic[T]):
     ...     n = len(xpatch.patch(scene, y=32, x=32, stride=24, boundary="drop"))
     >>> n, caught[0].category.__name__
     (100, 'UncoveredCellsWarning')
+
+    Reflect padding past the edge, as :func:`numpy.pad` does:
+
+    >>> line = xr.DataArray(np.arange(5.0), dims="x")
+    >>> line.patch(x=4, boundary="pad", pad_mode="reflect")[1].values.tolist()
+    [4.0, 3.0, 2.0, 1.0]
     """
 
     __slots__ = (
         "_geometry",
         "_min_valid",
         "_obj",
+        "_pad_mode",
         "_pad_value",
         "_plan",
         "_sampler",
@@ -170,6 +188,7 @@ class Patcher(Generic[T]):
         sampler: Sampler | AtLabels | None = None,
         min_valid: float | None = None,
         pad_value: Any = None,
+        pad_mode: PadMode = "constant",
         **size_kwargs: int,
     ) -> None:
         if not isinstance(obj, xr.DataArray | xr.Dataset):
@@ -210,6 +229,7 @@ class Patcher(Generic[T]):
             raise OptionError(
                 f"min_valid={min_valid!r} must be a fraction in [0, 1] (or None for no filter)."
             )
+        pad_mode = check_pad_mode(pad_mode, boundary, pad_value)
         if boundary == "pad":
             for name, var in variables.items():
                 pad_value_for(pad_value, var.dtype, name)
@@ -236,6 +256,7 @@ class Patcher(Generic[T]):
             ("_sampler", sampler),
             ("_min_valid", min_valid),
             ("_pad_value", pad_value),
+            ("_pad_mode", pad_mode),
             ("_plan", plan),
         ):
             object.__setattr__(self, name, value)
@@ -251,6 +272,7 @@ class Patcher(Generic[T]):
         return {name: getattr(self, name) for name in self.__slots__}
 
     def __setstate__(self, state: dict) -> None:
+        object.__setattr__(self, "_pad_mode", "constant")  # pickled before pad_mode existed
         for name, value in state.items():
             object.__setattr__(self, name, value)
 
@@ -258,9 +280,10 @@ class Patcher(Generic[T]):
         g = self._geometry
         size = ", ".join(f"{d}: {s}" for d, s in zip(g.dims, g.size))
         stride = ", ".join(f"{d}: {s}" for d, s in zip(g.dims, g.stride))
+        mode = "" if self._pad_mode == "constant" else f" pad_mode={self._pad_mode!r}"
         return (
             f"<xpatch.Patcher ({len(self)} patches) size=({size}) stride=({stride}) "
-            f"boundary={g.boundary!r} window={self._window_spec!r} sampler={self._sampler!r}>"
+            f"boundary={g.boundary!r}{mode} window={self._window_spec!r} sampler={self._sampler!r}>"
         )
 
     # -- layout ---------------------------------------------------------------------
@@ -314,6 +337,11 @@ class Patcher(Generic[T]):
     def pad_value(self) -> Any:
         """The fill of padded cells as given (None: NaN for floats, 0 for integers)."""
         return self._pad_value
+
+    @property
+    def pad_mode(self) -> PadMode:
+        """How ``boundary="pad"`` fills the cells past the array's end (numpy.pad's modes)."""
+        return self._pad_mode
 
     @property
     def plan(self) -> Plan:
@@ -491,9 +519,11 @@ class Patcher(Generic[T]):
 
     # -- reconstruction and inference --------------------------------------------------
 
-    def reconstruct(self, pred: T, reduce: Reduction = "mean") -> T:  # noqa: D102 (doc below)
+    def reconstruct(  # noqa: D102 (doc below)
+        self, pred: T, reduce: Reduction = "mean", *, weights: Any = None
+    ) -> T:
         check_blendable_predictions(pred, self._obj, views.PATCH_DIM)
-        return predictions.reconstruct(self, pred, reduce)
+        return predictions.reconstruct(self, pred, reduce, weights=weights)
 
     def apply(  # noqa: D102 (doc below)
         self,
@@ -504,17 +534,11 @@ class Patcher(Generic[T]):
         dtype: DTypeLike | None = None,
         reduce: Reduction = "mean",
         nodata: float | Literal["input"] | None = "input",
+        pad_batch: bool = False,
     ) -> xr.DataArray:
         check_apply_dtype(self._obj, dtype)
-        return inference.apply(
-            self,
-            fn,
-            batch_size,
-            output_dims=output_dims,
-            dtype=dtype,
-            reduce=reduce,
-            nodata=nodata,
-        )
+        return inference.apply(self, fn, batch_size, output_dims=output_dims, dtype=dtype,
+                               reduce=reduce, nodata=nodata, pad_batch=pad_batch)  # fmt: skip
 
     reconstruct.__doc__ = predictions.reconstruct.__doc__
     apply.__doc__ = inference.apply.__doc__

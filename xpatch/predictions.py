@@ -18,6 +18,7 @@ import numpy as np
 import xarray as xr
 
 from xpatch.cf import missing_as_nan, reconstructed
+from xpatch.core.dtypes import weighted_result_dtype
 from xpatch.core.errors import DimensionError, PredictionError
 from xpatch.core.overlap_add import (
     BlendWindow,
@@ -25,7 +26,8 @@ from xpatch.core.overlap_add import (
     check_reduction,
     overlap_add,
 )
-from xpatch.core.partials import overlap_add_dask, result_dtype
+from xpatch.core.partials import overlap_add_dask
+from xpatch.core.weighted import check_weighted_reduction, check_weights
 from xpatch.core.windows import marginal_window
 from xpatch.geo import grid_mapping_name
 from xpatch.provenance import layout_facts, note_result
@@ -127,22 +129,71 @@ def prediction_rows(
     return rows, None
 
 
+def prediction_weights(pred: xr.DataArray, weights: Any, label: str) -> xr.DataArray:
+    """``weights`` as a DataArray over some of ``pred``'s dims (each of its size, or 1).
+
+    A numpy or dask array is per patch if it is ``(n_patches,)``, else it must
+    have ``pred``'s dims in ``pred``'s order (size 1 where the weights repeat).
+    """
+    n = pred.sizes[PATCH_DIM]
+    if not isinstance(weights, xr.DataArray):
+        array = weights if isinstance(weights, da.Array) else np.asarray(weights)
+        if array.shape == (n,):
+            dims: tuple[Hashable, ...] = (PATCH_DIM,)
+        elif array.ndim == pred.ndim:
+            dims = pred.dims
+        else:
+            raise PredictionError(
+                f"weights has shape {array.shape}; {label} has dims {pred.dims} and shape "
+                f"{pred.shape}. Pass per-patch weights of shape ({n},), per-cell weights of "
+                f"{label}'s shape (size 1 where they repeat), or a DataArray naming its dims, "
+                f"e.g. dims=({PATCH_DIM!r}, 'y', 'x') to weigh every band alike."
+            )
+        weights = xr.DataArray(array, dims=dims)
+    extra = [d for d in weights.dims if d not in pred.dims]
+    wrong = {d: weights.sizes[d] for d in weights.dims if d in pred.dims}
+    wrong = {d: n_w for d, n_w in wrong.items() if n_w not in (1, pred.sizes[d])}
+    if extra or wrong:
+        raise PredictionError(
+            f"weights has dims {dict(weights.sizes)}, which do not fit {label}'s "
+            f"{dict(pred.sizes)}: weights may only have {label}'s dims, each of its size or 1 "
+            f"(to repeat). Offending: {extra or wrong}."
+        )
+    return weights
+
+
+def weights_data(weights: xr.DataArray, order: Sequence[Hashable]) -> Any:
+    """Return the weights' array with the dims of ``order``, size 1 where they lack one."""
+    weights = weights.transpose(*[d for d in order if d in weights.dims])
+    data = weights.data
+    for j, d in enumerate(order):
+        if d not in weights.dims:
+            data = data[(slice(None),) * j + (None,)]
+    return data
+
+
 def reconstruct_variable(
     p: Patcher,
     pred: xr.DataArray,
     where: tuple[np.ndarray | None, list[da.Array] | None],
     template: xr.Variable | None,
     reduce: Reduction,
+    weights: xr.DataArray | None = None,
 ) -> xr.Variable:
     """Overlap-add one prediction variable along the patched dims it has.
 
-    ``where`` is :func:`check_prediction`'s answer.
+    ``where`` is :func:`check_prediction`'s answer; ``weights`` are
+    :func:`prediction_weights`', taken row for row with ``pred``.
     """
     rows, lazy_anchors = where
     present = [d for d in p.dims if d in pred.dims]
     columns = [p.dims.index(d) for d in present]
     lead = [d for d in pred.dims if d != PATCH_DIM and d not in p.dims]
     data = missing_as_nan(pred).transpose(PATCH_DIM, *lead, *present).data
+    wdata = None if weights is None else weights_data(weights, (PATCH_DIM, *lead, *present))
+    if isinstance(wdata, da.Array) and not isinstance(data, da.Array):
+        # Lazy weights make the reconstruction lazy: chunk pred as the weights are.
+        data = da.from_array(data, chunks=(wdata.chunks[0], *(-1,) * (data.ndim - 1)))
     plan = p.plan if len(columns) == len(p.dims) else p.plan.project(columns)
     window = p.blend_window
     if len(columns) < len(p.dims):
@@ -150,12 +201,17 @@ def reconstruct_variable(
     if isinstance(data, da.Array):
         if lazy_anchors is not None and len(columns) < len(p.dims):
             lazy_anchors = [lazy_anchors[j] for j in columns]
-        out = overlap_add_dask(data, plan, window, reduce, rows=rows, carried_anchors=lazy_anchors)
+        out = overlap_add_dask(
+            data, plan, window, reduce, rows=rows, carried_anchors=lazy_anchors, weights=wdata
+        )
     else:
         # Row r holds patch inverse[r]: place the rows where they are, uncopied.
         anchors = plan.anchors if rows is None else plan.anchors[np.argsort(rows)]
-        dtype = result_dtype(data.dtype, reduce, window, plan)
-        out = overlap_add(np.asarray(data), anchors, plan.grid.shape, window, reduce, dtype=dtype)
+        dtype = weighted_result_dtype(data.dtype, reduce, window, plan, wdata is not None)
+        wdata = None if wdata is None else check_weights(wdata)
+        out = overlap_add(
+            np.asarray(data), anchors, plan.grid.shape, window, reduce, dtype=dtype, weights=wdata
+        )
     result = xr.Variable((*lead, *present), out)
     if template is not None and set(result.dims) == set(template.dims):
         result = result.transpose(*template.dims)
@@ -194,7 +250,7 @@ def _required(p: Patcher, template: xr.Variable | None) -> list[Hashable]:
     return [d for d in p.dims if d in template.dims]
 
 
-def reconstruct(p: Patcher, pred: Any, reduce: Reduction = "mean") -> Any:
+def reconstruct(p: Patcher, pred: Any, reduce: Reduction = "mean", *, weights: Any = None) -> Any:
     """Put per-patch results back on the original grid by weighted overlap-add.
 
     Parameters
@@ -208,7 +264,22 @@ def reconstruct(p: Patcher, pred: Any, reduce: Reduction = "mean") -> Any:
     reduce
         ``"mean"`` (default): Σ w·x / Σ w with the patcher's window.
         ``"sum"``: Σ w·x. ``"max"`` / ``"min"``: over the covering patches,
-        unweighted.
+        unweighted. ``"vote"``, for integer or bool class labels: per cell, the
+        label whose covering patches carry the largest Σ w (ties to the smallest
+        label); it keeps the labels' dtype (float64 with NaN where a cell is
+        covered by no patch, as for ``"max"``), costs one pass over the
+        predictions per distinct label and, lazily, ``O(labels x box)`` memory
+        per group of patches. Float predictions are refused.
+    weights
+        Weights from the model multiplied into the window, e.g. ``1 / variance``:
+        per patch (a DataArray with dim ``"patch"``, or an array of shape
+        ``(n_patches,)``) or per cell (a DataArray over some of ``pred``'s dims,
+        or an array of ``pred``'s shape with size 1 where the weights repeat),
+        taken row for row with ``pred``. Finite and >= 0 (else
+        :class:`~xpatch.PredictionError`; lazy weights are checked by each task).
+        For ``"mean"``, ``"sum"`` and ``"vote"`` only. A cell whose total weight
+        is 0 is NaN (``"mean"`` and ``"sum"``); a weighted ``"mean"`` or
+        ``"sum"`` is a float. Lazy if ``pred`` or ``weights`` is.
 
     Returns
     -------
@@ -238,13 +309,27 @@ def reconstruct(p: Patcher, pred: Any, reduce: Reduction = "mean") -> Any:
     >>> q = ids.patch(x=4, stride=2)
     >>> q.reconstruct(q.patches(), reduce="max").values.tolist()[:3]
     [1152921504606846977, 3, 1152921504606846981]
+
+    A vote of class labels, and a mean weighted per patch:
+
+    >>> labels = xr.DataArray(np.array([0, 0, 1, 1, 2, 2], dtype="uint8"), dims="x")
+    >>> v = labels.patch(x=4, stride=2)
+    >>> v.reconstruct(v.patches(), reduce="vote").values.tolist()
+    [0, 0, 1, 1, 2, 2]
+    >>> from xpatch.predictions import reconstruct
+    >>> pred = xr.ones_like(v.patches(), float) * xr.DataArray([1.0, 3.0], dims="patch")
+    >>> reconstruct(v, pred, weights=np.array([1.0, 3.0])).values.tolist()
+    [1.0, 1.0, 2.5, 2.5, 3.0, 3.0]
     """
     reduce = check_reduction(reduce)
+    if weights is not None:
+        check_weighted_reduction(reduce)
     obj = p.obj
     if isinstance(pred, xr.DataArray):
         template = _template(p, pred.name)
         where = check_prediction(p, pred, "pred", _required(p, template))
-        result = reconstruct_variable(p, pred, where, template, reduce)
+        w = None if weights is None else prediction_weights(pred, weights, "pred")
+        result = reconstruct_variable(p, pred, where, template, reduce, w)
         attrs = obj.attrs if isinstance(obj, xr.DataArray) else dict(pred.attrs)
         variable = reconstructed(result, template, attrs)
         coords = output_coords(p, pred, dict(zip(variable.dims, variable.shape)))
@@ -271,8 +356,10 @@ def reconstruct(p: Patcher, pred: Any, reduce: Reduction = "mean") -> Any:
                 variables[name] = var.variable
                 continue
             template = _template(p, name)
-            where = check_prediction(p, var, f"pred[{name!r}]", _required(p, template))
-            result = reconstruct_variable(p, var, where, template, reduce)
+            label = f"pred[{name!r}]"
+            where = check_prediction(p, var, label, _required(p, template))
+            w = None if weights is None else prediction_weights(var, weights, label)
+            result = reconstruct_variable(p, var, where, template, reduce, w)
             attrs = obj[name].attrs if name in obj.data_vars else var.attrs
             variables[name] = reconstructed(result, template, attrs)
         sizes = {d: n for v in variables.values() for d, n in zip(v.dims, v.shape)}

@@ -15,6 +15,7 @@ import xarray as xr
 
 from xpatch.core.errors import GeometryError
 from xpatch.core.extract import extract_dask, extract_numpy
+from xpatch.core.padding import PadMode
 from xpatch.core.plan import ChunkGrid, Plan
 from xpatch.geo import grid_mapping_name, patch_transforms, to_gdal, with_transform
 from xpatch.variables import is_dask_backed, pad_value_for, patched_columns, patched_variables
@@ -47,13 +48,18 @@ def extended_labels(values: np.ndarray, start: int, size: int) -> np.ndarray:
 
 
 def extract_variable(
-    p: Patcher, var: xr.Variable, anchors: np.ndarray | None, pad_value: Any
+    p: Patcher,
+    var: xr.Variable,
+    anchors: np.ndarray | None,
+    pad_value: Any,
+    pad_mode: PadMode = "constant",
 ) -> Any:
     """Stack the patches of one variable along the patched dims it has.
 
     ``anchors=None`` cuts every patch of the plan (lazily, group by group, for
     dask input); otherwise the patches at ``anchors`` (a few: ``p[i]``).
-    Returns ``(n, *var.shape)`` with the patched axes at patch size.
+    Returns ``(n, *var.shape)`` with the patched axes at patch size, cells past
+    the end filled as ``pad_mode`` says.
     """
     columns, axes = patched_columns(var, p.dims)
     size = [p.geometry.size[j] for j in columns]
@@ -66,8 +72,8 @@ def extract_variable(
         )
         plan = Plan.compile(anchors[:, columns], grid, size, keep_order=True)
     if is_dask_backed(var):
-        return extract_dask(var.data, axes, plan, pad_value)
-    return extract_numpy(np.asarray(var.data), axes, plan.anchors, size, pad_value)
+        return extract_dask(var.data, axes, plan, pad_value, pad_mode)
+    return extract_numpy(np.asarray(var.data), axes, plan.anchors, size, pad_value, pad_mode)
 
 
 def cut(p: Patcher, anchors: np.ndarray | None) -> Any:
@@ -83,7 +89,7 @@ def cut(p: Patcher, anchors: np.ndarray | None) -> Any:
         return xr.Variable(var.dims, data[0], var.attrs)
 
     variables: dict[Hashable, xr.Variable] = {
-        name: place(var, extract_variable(p, var, anchors, p.pad_value))
+        name: place(var, extract_variable(p, var, anchors, p.pad_value, p.pad_mode))
         for name, var in patched_variables(obj, p.dims).items()
     }
     coords: dict[Hashable, Any] = {}
@@ -98,6 +104,8 @@ def cut(p: Patcher, anchors: np.ndarray | None) -> Any:
             labels = extended_labels(coord.values, start, p.size[name])
             coords[name] = xr.Variable(name, labels, coord.attrs)
         else:
+            # Coordinates keep the constant fill: a reflected latitude would say the
+            # padded cells are somewhere they are not.
             coords[name] = place(coord.variable, extract_variable(p, coord.variable, anchors, None))
     transforms = None
     if grid_mapping_name(obj) is not None:

@@ -20,6 +20,7 @@ from xpatch.core.callables import code_token
 from xpatch.core.errors import PredictionError
 from xpatch.core.extract import extract_numpy, extract_task, group_reads
 from xpatch.core.overlap_add import BlendWindow, Reduction, overlap_add_groups
+from xpatch.core.padding import PadMode
 from xpatch.core.partials import Partial, assemble_blocks, partial_sums, result_dtype
 from xpatch.core.plan import Plan
 
@@ -34,12 +35,16 @@ def run_batches(
     n_patched: int,
     lead_shape: Sequence[int],
     dtype: np.dtype,
+    pad_batch: bool = False,
 ) -> np.ndarray:
     """Call ``fn`` on consecutive batches of ``patches`` and stack what it returns.
 
     Each patch goes through ``fn`` exactly once. The result of every call is
     checked against the declared ``(b, *lead_shape, *patch)`` shape and dtype
-    (:func:`check_declared`), then cast to that dtype.
+    (:func:`check_declared`), then cast to that dtype. With ``pad_batch`` a
+    short last batch is filled up to ``batch_size`` with copies of its last
+    patch, whose results are dropped: ``fn`` sees one batch shape only, so a
+    compiled function (``jax.jit``) compiles once.
 
     Parameters
     ----------
@@ -47,6 +52,8 @@ def run_batches(
         ``(n, *lead_in, *patch)`` patches with ``n_patched`` patched axes last.
     fn, batch_size
         The function and the largest batch it gets.
+    pad_batch
+        Give ``fn`` batches of exactly ``batch_size`` patches.
     n_patched
         Number of patched axes.
     lead_shape, dtype
@@ -59,11 +66,20 @@ def run_batches(
     array([[ 0.,  2.,  4.,  6.],
            [ 8., 10., 12., 14.],
            [16., 18., 20., 22.]])
+    >>> seen = []
+    >>> _ = run_batches(x, lambda b: seen.append(len(b)) or b, 2, 1, (1,), np.dtype("f8"), True)
+    >>> seen
+    [2, 2]
     """
     patch_shape = patches.shape[patches.ndim - n_patched :]
     out = np.empty((len(patches), *lead_shape, *patch_shape), dtype=dtype)
     for start in range(0, len(patches), batch_size):
         batch = patches[start : start + batch_size]
+        n = len(batch)
+        if pad_batch and n < batch_size:
+            # Copies of a real patch, not zeros: values the model has seen, no NaN or
+            # out-of-range input that could trip it; their results are dropped below.
+            batch = np.concatenate([batch, np.repeat(batch[-1:], batch_size - n, axis=0)])
         expected = (len(batch), *lead_shape, *patch_shape)
         result = np.asarray(fn(batch))
         if result.shape != expected:
@@ -72,9 +88,10 @@ def run_batches(
                 f"expected {expected} (batch, *output_dims, *patch). Declare the output's "
                 "non-patched dims with output_dims={name: size} and keep the patch shape."
             )
+        result = result[:n]
         check_declared(result, dtype)
         with np.errstate(over="ignore", invalid="ignore"):  # checked; inf and NaN from fn pass
-            out[start : start + len(batch)] = result
+            out[start : start + n] = result
     return out
 
 
@@ -139,11 +156,11 @@ def check_declared(result: np.ndarray, dtype: np.dtype) -> None:
 
 
 def _apply_task(
-    nested, crops, axes, local_anchors, size, pad_value, fn, batch_size, lead_shape, dtype,
-    anchors, box_origin, box_shape, window, reduce, acc,
+    nested, crops, axes, local_anchors, size, pad_value, takes, fn, batch_size, pad_batch,
+    lead_shape, dtype, anchors, box_origin, box_shape, window, reduce, acc,
 ) -> Partial:  # fmt: skip
-    patches = extract_task(nested, crops, axes, local_anchors, size, pad_value)
-    predictions = run_batches(patches, fn, batch_size, len(axes), lead_shape, dtype)
+    patches = extract_task(nested, crops, axes, local_anchors, size, pad_value, takes)
+    predictions = run_batches(patches, fn, batch_size, len(axes), lead_shape, dtype, pad_batch)
     del patches
     return partial_sums(box_origin, box_shape, anchors, predictions, window, reduce, acc)
 
@@ -158,6 +175,8 @@ def apply_numpy(
     dtype: np.dtype,
     window: np.ndarray | BlendWindow,
     reduce: Reduction,
+    pad_mode: PadMode = "constant",
+    pad_batch: bool = False,
 ) -> np.ndarray:
     """Sliding-window inference on a numpy array, eagerly.
 
@@ -188,8 +207,10 @@ def apply_numpy(
     anchor_groups = [plan.group_anchors(g) for g in range(len(plan.groups))]
     prediction_groups = []
     for group in anchor_groups:
-        patches = extract_numpy(array, axes, group, plan.size, pad_value)
-        prediction_groups.append(run_batches(patches, fn, batch_size, k, lead_shape, dtype))
+        patches = extract_numpy(array, axes, group, plan.size, pad_value, pad_mode)
+        prediction_groups.append(
+            run_batches(patches, fn, batch_size, k, lead_shape, dtype, pad_batch)
+        )
         del patches
     acc = result_dtype(dtype, reduce, window, plan)
     if not prediction_groups:  # no patch: nothing is covered, and acc is a float
@@ -208,6 +229,8 @@ def apply_dask(
     dtype: np.dtype,
     window: np.ndarray | BlendWindow,
     reduce: Reduction,
+    pad_mode: PadMode = "constant",
+    pad_batch: bool = False,
 ) -> da.Array:
     """Sliding-window inference as one lazy graph: patches, ``fn``, overlap-add.
 
@@ -231,9 +254,11 @@ def apply_dask(
     window = BlendWindow.of(window)
     size = list(plan.size)
     # The name identifies the values: fn by its code (dask would name a module's
-    # function by its name alone), and not batch_size, which changes no value, so a
-    # resumed write may use another batch size.
-    token = tokenize(array, plan, pad_value, code_token(fn), lead_shape, str(dtype),
+    # function by its name alone), and not batch_size or pad_batch, which change no
+    # value, so a resumed write may use another batch size. The pad mode only when
+    # not the default, so that constant padding keeps the names it had.
+    padding = pad_value if pad_mode == "constant" else (pad_value, pad_mode)
+    token = tokenize(array, plan, padding, code_token(fn), lead_shape, str(dtype),
                      window.values, reduce)  # fmt: skip
     name = f"xpatch-apply-{token}"
     fn_key = (f"xpatch-fn-{token}",)
@@ -241,13 +266,14 @@ def apply_dask(
     layer: dict = {fn_key: fn, window_key: window}
     acc = result_dtype(dtype, reduce, window, plan)
     partial_keys = {}
-    reads = group_reads(array, axes, plan, whole_axes=range(n_carried))
-    for g, _, nested, crops, local in reads:
+    reads = group_reads(array, axes, plan, whole_axes=range(n_carried), pad_mode=pad_mode)
+    for g, _, nested, crops, local, takes in reads:
         key = (f"{name}-partial", g)
         lo, shape = plan.boxes[g]
         layer[key] = (
-            _apply_task, nested, crops, axes, local, size, pad_value, fn_key, batch_size,
-            tuple(lead_shape), dtype, plan.group_anchors(g), lo, shape, window_key, reduce, acc,
+            _apply_task, nested, crops, axes, local, size, pad_value, takes, fn_key, batch_size,
+            pad_batch, tuple(lead_shape), dtype, plan.group_anchors(g), lo, shape, window_key,
+            reduce, acc,
         )  # fmt: skip
         partial_keys[(g, (0,) * len(lead_shape))] = key
     lead_chunks = [(int(n),) for n in lead_shape]

@@ -20,6 +20,7 @@ from dask.highlevelgraph import HighLevelGraph
 from numpy.lib.stride_tricks import sliding_window_view
 
 from xpatch.core.errors import OptionError
+from xpatch.core.padding import PadMode, gather, index_runs, pad_numpy, source_indices
 from xpatch.core.plan import Plan, chunk_starts
 from xpatch.core.regroup import take_rows
 
@@ -83,6 +84,7 @@ def extract_numpy(
     anchors: np.ndarray,
     size: Sequence[int],
     pad_value: object = None,
+    pad_mode: PadMode = "constant",
 ) -> np.ndarray:
     """Stack the patches of a numpy array (a copy; the input is untouched).
 
@@ -98,21 +100,33 @@ def extract_numpy(
         Patch size per patched axis.
     pad_value
         Fill for cells past the end of an axis (patches of ``boundary="pad"``).
+    pad_mode
+        How cells past the end are filled: ``"constant"`` with ``pad_value``,
+        or :func:`numpy.pad`'s other modes relative to ``array``'s edges.
 
     Examples
     --------
     >>> a = np.arange(12).reshape(3, 4)
     >>> extract_numpy(a, [1], np.array([[0], [2]]), [2]).tolist()
     [[[0, 1], [4, 5], [8, 9]], [[2, 3], [6, 7], [10, 11]]]
+    >>> extract_numpy(np.arange(4), [0], np.array([[2]]), [4], pad_mode="reflect").tolist()
+    [[2, 3, 2, 1]]
     """
     patch_shape = list(array.shape)
     for ax, s in zip(axes, size):
         patch_shape[ax] = s
     if len(anchors) == 0:
         return np.empty((0, *patch_shape), dtype=array.dtype)
-    array, anchors, pad_after = _crop(array, axes, anchors, size)
-    if any(pad_after):
-        array = np.pad(array, _pad_widths(array.ndim, axes, pad_after), constant_values=pad_value)
+    if pad_mode == "constant":
+        array, anchors, pad_after = _crop(array, axes, anchors, size)
+        if any(pad_after):
+            widths = _pad_widths(array.ndim, axes, pad_after)
+            array = np.pad(array, widths, constant_values=pad_value)
+    else:
+        lo = anchors.min(axis=0)
+        hi = anchors.max(axis=0) + np.asarray(size)
+        array = pad_numpy(array, axes, list(zip(lo.tolist(), hi.tolist())), pad_mode)
+        anchors = anchors - lo
     k = len(axes)
     front = np.moveaxis(array, list(axes), list(range(k)))
     views = sliding_window_view(front, tuple(size), axis=tuple(range(k)))
@@ -141,49 +155,76 @@ def join_blocks(nested: list, crops: Sequence[Sequence[slice]]) -> np.ndarray:
     return concatenate3(cut(nested, 0, ()))
 
 
-def extract_task(nested: list, crops, axes, anchors, size, pad_value) -> np.ndarray:
-    """Join the input pieces a group reads and cut its patches out (a graph task)."""
-    return extract_numpy(join_blocks(nested, crops), axes, anchors, size, pad_value)
+def extract_task(nested: list, crops, axes, anchors, size, pad_value, takes=()) -> np.ndarray:
+    """Join the input pieces a group reads and cut its patches out (a graph task).
+
+    ``takes`` (from :func:`group_reads`) lays out the cells that a padding mode
+    other than ``"constant"`` copies past the array's end.
+    """
+    joined = join_blocks(nested, crops)
+    for ax, index in takes:
+        joined = np.take(joined, index, axis=ax)
+    return extract_numpy(joined, axes, anchors, size, pad_value)
 
 
 def group_reads(
-    array: da.Array, axes: Sequence[int], plan: Plan, whole_axes: Sequence[int] = ()
-) -> Iterator[tuple[int, tuple[int, ...], list, list, np.ndarray]]:
+    array: da.Array,
+    axes: Sequence[int],
+    plan: Plan,
+    whole_axes: Sequence[int] = (),
+    pad_mode: PadMode = "constant",
+) -> Iterator[tuple[int, tuple[int, ...], list, list, np.ndarray, tuple]]:
     """For each group of the plan, the input blocks it reads.
 
     ``plan`` covers the patched ``axes`` of ``array``, in their order (a
     projected plan for a variable that lacks some patched dims).
 
-    Yields ``(group, out_index, nested_keys, crops, local_anchors)``: the group's
+    Yields ``(group, out_index, nested_keys, crops, local_anchors, takes)``: the group's
     position; the block index of its patches in the stacked output, over all the
     input's axes (the block along the carried axes that are not whole, 0
     elsewhere); the keys of the input blocks its patches touch (nested
     as :func:`dask.array.core.concatenate3` takes them), the part of each block
-    they need (per axis, one slice per block) and the anchors relative to the
-    region those parts cover.
+    they need (per axis, one slice per block), the anchors relative to the
+    region those parts cover, and ``takes``: ``(axis, index)`` pairs that
+    rearrange the joined parts into the padded region.
+
+    With ``pad_mode="constant"`` the parts are the region clipped to the array
+    (``takes`` is empty; the cells past the end are filled later). With another
+    mode, a group whose patches pass an axis's end also reads the cells they
+    repeat (:func:`~xpatch.core.padding.source_indices`), from whichever chunks
+    hold them (the first ones for ``"wrap"``), and ``takes`` places them.
     """
     axes = [int(a) for a in axes]
     carried = [ax for ax in range(array.ndim) if ax not in axes]
     split = [ax for ax in carried if ax not in whole_axes]
     starts = [chunk_starts(c) for c in array.chunks]
+    size = np.asarray(plan.size)
     for g, (origin, shape) in enumerate(plan.boxes):
-        lo = dict(zip(axes, origin))
-        hi = {ax: o + n for ax, o, n in zip(axes, origin, shape)}
-        ranges: list[range] = []
+        local = plan.group_anchors(g) - np.asarray(origin)
+        # The box's true end: plan.boxes clips it to the array.
+        reach = dict(zip(axes, (local.max(axis=0) + size + np.asarray(origin)).tolist()))
+        runs = {ax: [(o, o + n)] for ax, o, n in zip(axes, origin, shape)}
+        takes = []
+        for ax, o in zip(axes, origin):
+            if pad_mode != "constant" and reach[ax] > array.shape[ax]:
+                source = source_indices(o, reach[ax], array.shape[ax], pad_mode)
+                runs[ax] = index_runs(source)
+                takes.append((ax, gather(source, runs[ax])))
+        ranges: list[Sequence[int]] = []
         crops: list[list[slice]] = []
         for ax in range(array.ndim):
-            if ax not in lo:
+            if ax not in runs:
                 ranges.append(range(len(array.chunks[ax])))
                 crops.append([slice(None)] * len(array.chunks[ax]))
                 continue
             s = starts[ax]
-            first = bisect_right(s, lo[ax]) - 1
-            last = bisect_left(s, hi[ax])
-            ranges.append(range(first, last))
-            crops.append(
-                [slice(max(lo[ax] - s[b], 0), min(hi[ax], s[b + 1]) - s[b]) for b in ranges[-1]]
-            )
-        local = plan.group_anchors(g) - np.asarray(origin)
+            blocks, cuts = [], []
+            for lo, hi in runs[ax]:
+                for b in range(bisect_right(s, lo) - 1, bisect_left(s, hi)):
+                    blocks.append(b)
+                    cuts.append(slice(max(lo - s[b], 0), min(hi, s[b + 1]) - s[b]))
+            ranges.append(blocks)
+            crops.append(cuts)
         for carried_block in itertools.product(*(ranges[ax] for ax in split)):
             reads = list(ranges)
             out_index = [0] * array.ndim
@@ -193,11 +234,15 @@ def group_reads(
                 out_index[ax] = b
                 block_crops[ax] = [slice(None)]
             nested = _nested_keys(array.name, reads)
-            yield g, tuple(out_index), nested, block_crops, local
+            yield g, tuple(out_index), nested, block_crops, local, tuple(takes)
 
 
 def extract_dask(
-    array: da.Array, axes: Sequence[int], plan: Plan, pad_value: object = None
+    array: da.Array,
+    axes: Sequence[int],
+    plan: Plan,
+    pad_value: object = None,
+    pad_mode: PadMode = "constant",
 ) -> da.Array:
     """Stack the patches of a dask array lazily, one task per group of the plan.
 
@@ -210,7 +255,7 @@ def extract_dask(
 
     Parameters
     ----------
-    array, axes, pad_value
+    array, axes, pad_value, pad_mode
         As for :func:`extract_numpy`.
     plan
         The plan over the patched ``axes``, in their order.
@@ -222,11 +267,17 @@ def extract_dask(
     if not plan.groups:
         return da.empty((0, *patch_shape), dtype=array.dtype, chunks=-1)
     axes = [int(a) for a in axes]
-    token = tokenize(array, axes, plan, pad_value)
+    # The mode enters the name only when it is not the default, so that graphs
+    # (and resumed writes) of constant padding keep the names they had.
+    padding = pad_value if pad_mode == "constant" else (pad_value, pad_mode)
+    token = tokenize(array, axes, plan, padding)
     name = f"xpatch-patches-{token}"
     layer: dict = {}
-    for g, out_index, nested, crops, local in group_reads(array, axes, plan):
-        layer[(name, g, *out_index)] = (extract_task, nested, crops, axes, local, size, pad_value)
+    for g, out_index, nested, crops, local, takes in group_reads(
+        array, axes, plan, pad_mode=pad_mode
+    ):
+        task = (extract_task, nested, crops, axes, local, size, pad_value, takes)
+        layer[(name, g, *out_index)] = task
     chunks = [tuple(stop - start for start, stop in plan.groups)]
     for ax in range(array.ndim):
         chunks.append((patch_shape[ax],) if ax in axes else array.chunks[ax])
@@ -238,7 +289,7 @@ def extract_dask(
     return take_rows(stacked, plan.position, chunks[0])
 
 
-def _nested_keys(name: str, ranges: Sequence[range], prefix: tuple = ()) -> list | tuple:
+def _nested_keys(name: str, ranges: Sequence[Sequence[int]], prefix: tuple = ()) -> list | tuple:
     """Nested lists of block keys over ``ranges``, as :func:`concatenate3` takes them."""
     if len(prefix) == len(ranges):
         return (name, *prefix)

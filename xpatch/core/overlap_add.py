@@ -21,116 +21,24 @@ import itertools
 import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Literal, NamedTuple, get_args
+from typing import NamedTuple
 
 import numpy as np
 
-from xpatch.core.checks import check_choice
+from xpatch.core.dtypes import REDUCTIONS as REDUCTIONS  # re-exported: the public names
+from xpatch.core.dtypes import Reduction as Reduction
+from xpatch.core.dtypes import (
+    accumulation_dtype,
+    check_exact_in_float,
+    check_vote_dtype,
+    reduction_fill,
+    value_range,
+)
+from xpatch.core.dtypes import check_reduction as check_reduction
 from xpatch.core.errors import PredictionError
-from xpatch.core.windows import separable_factors
-
-Reduction = Literal["mean", "sum", "max", "min"]
-REDUCTIONS: tuple[str, ...] = get_args(Reduction)
-
-
-def check_reduction(reduce: object) -> Reduction:
-    """Return ``reduce`` if it is known, else raise listing the valid ones."""
-    return check_choice("reduce", reduce, REDUCTIONS)  # type: ignore[return-value]
-
-
-def accumulation_dtype(
-    dtype: np.dtype,
-    reduce: Reduction = "mean",
-    *,
-    window: np.ndarray | BlendWindow | None = None,
-    covered: bool = False,
-) -> np.dtype:
-    """Return the dtype in which ``dtype`` predictions are reduced, and the result's.
-
-    Floats: float32 for half and single precision, else float64 (or complex). Integers: the
-    :func:`exact_integer_dtype` if every cell of the grid is ``covered`` (an integer holds no
-    NaN; :func:`xpatch.core.partials.result_dtype` reads that off a plan), else float64.
-
-    Examples
-    --------
-    >>> [str(accumulation_dtype(np.dtype(t))) for t in ("float16", "float32", "uint8", "int64")]
-    ['float32', 'float32', 'float64', 'float64']
-    >>> [str(accumulation_dtype(np.dtype("uint8"), r, window=np.ones(3), covered=True))
-    ...  for r in ("max", "sum", "mean")]
-    ['uint8', 'uint64', 'float64']
-    """
-    dtype = np.dtype(dtype)
-    if np.issubdtype(dtype, np.inexact):
-        return np.result_type(dtype, np.float32)
-    exact = exact_integer_dtype(dtype, reduce, window)
-    return exact if exact is not None and covered else np.dtype(np.float64)
-
-
-def exact_integer_dtype(dtype: np.dtype, reduce: Reduction, window) -> np.dtype | None:
-    """Return the integer dtype that reduces integers of ``dtype`` exactly, or None.
-
-    ``"max"`` / ``"min"`` pick a value: ``dtype``. ``"sum"`` with whole weights (``"boxcar"``;
-    and whole separable factors, which weigh too): int64, uint64 for unsigned. Else None.
-    """
-    if np.dtype(dtype).kind not in "iu" or reduce == "mean" or (reduce == "sum" and window is None):
-        return None
-    if reduce in ("max", "min"):
-        return np.dtype(dtype)
-    window = BlendWindow.of(window)
-    if all((np.mod(v, 1) == 0).all() for v in (window.values, *(window.factors or ()))):
-        return np.dtype(np.uint64 if np.dtype(dtype).kind == "u" else np.int64)
-    return None
-
-
-def reduction_fill(dtype: np.dtype, reduce: Reduction) -> object:
-    """Return a cell's value before anything lands: NaN, or an integer max's / min's identity."""
-    if np.dtype(dtype).kind not in "iu":
-        return np.nan
-    return getattr(np.iinfo(dtype), "min" if reduce == "max" else "max")
-
-
-def value_range(groups: Sequence[np.ndarray]) -> tuple[int, int]:
-    """Smallest and largest value of some integer arrays, as Python ints."""
-    present = [g for g in groups if g.size] or [np.zeros(1, np.int64)]
-    return min(int(g.min()) for g in present), max(int(g.max()) for g in present)
-
-
-def check_exact_in_float(groups: Sequence[np.ndarray], reduce: Reduction, window) -> None:
-    """Refuse integers beyond 2**53 that an exact reduction would return rounded in float64.
-
-    ``"max"``, ``"min"`` and an integral ``"sum"`` of integers are float64 only
-    when some cell is covered by no patch (it is NaN).
-    """
-    exact = exact_integer_dtype(groups[0].dtype, reduce, window) if groups else None
-    if exact is None or np.iinfo(groups[0].dtype).bits < 53:
-        return
-    low, high = value_range(groups)
-    if max(-low, high) > 2**53:
-        raise PredictionError(
-            f"reduce={reduce!r} of {groups[0].dtype} predictions from {low} to {high} gives "
-            "float64, because some cells are covered by no patch (NaN there), and float64 holds "
-            "integers exactly only up to 2**53. Cover every cell (boundary='shift' or 'pad', "
-            f"stride <= size) to get an exact {exact} result."
-        )
-
-
-class BlendWindow(NamedTuple):
-    """A blending window and, when it is separable, its 1-D factors.
-
-    Built once per patcher and put into a dask graph once, so block tasks do not
-    refactor the window each time.
-    """
-
-    values: np.ndarray
-    factors: tuple[np.ndarray, ...] | None
-
-    @classmethod
-    def of(cls, window: np.ndarray | BlendWindow) -> BlendWindow:
-        """Wrap a window array (a BlendWindow is returned as is)."""
-        if isinstance(window, BlendWindow):
-            return window
-        window = np.asarray(window)
-        return cls(window, separable_factors(window))
+from xpatch.core.vote import present_labels, vote_block
+from xpatch.core.weighted import weigher, weighted_sums
+from xpatch.core.windows import BlendWindow as BlendWindow
 
 
 class Placement(NamedTuple):
@@ -312,6 +220,8 @@ def accumulate_groups(
     window: np.ndarray | BlendWindow,
     reduce: Reduction,
     out: np.ndarray,
+    labels: np.ndarray | None = None,
+    weight_groups: Sequence[np.ndarray] | None = None,
 ) -> np.ndarray:
     """Reduce every patch that touches one output block into that block.
 
@@ -327,13 +237,28 @@ def accumulate_groups(
     window
         Blending window of the patch shape (used by ``"mean"`` and ``"sum"``).
     reduce
-        ``"mean"`` (Σ w·x / Σ w), ``"sum"`` (Σ w·x), ``"max"`` or ``"min"``.
+        ``"mean"`` (Σ w·x / Σ w), ``"sum"`` (Σ w·x), ``"max"``, ``"min"`` or ``"vote"``
+        (per cell, the label with the largest Σ w; :mod:`xpatch.core.vote`).
     out
         Where to write the block (returned): ``(*lead, *block_shape)`` in the
         :func:`accumulation_dtype`, NaN where nothing valid lands. Its content is ignored.
+    labels
+        For ``"vote"``: the sorted labels of the groups, if known (else found here).
+    weight_groups
+        Per group, weights multiplied into the window (:mod:`xpatch.core.weighted`):
+        ``(n_g, *lead, *patch)`` with size-1 axes where they repeat, finite and >= 0.
     """
     window = BlendWindow.of(window)
     placements = place_patches(origin, block_shape, anchor_groups, window.values.shape)
+    weigh = None
+    if weight_groups is not None:
+        weigh = weigher(window.values, weight_groups, prediction_groups)
+    if reduce == "vote":
+        if labels is None:
+            labels = present_labels([prediction_groups[g] for g in {p.group for p in placements}])
+        return vote_block(out, placements, prediction_groups, window.values, labels, weigh)
+    if weigh is not None:  # Σ w depends on the data: summed beside Σ w·x
+        return normalise(out, weighted_sums(out, placements, prediction_groups, weigh), reduce)
     weights, valid = add_patches(
         out, origin, block_shape, placements, prediction_groups, window, reduce, reduce == "mean"
     )
@@ -525,6 +450,7 @@ def overlap_add(
     *,
     dtype: np.dtype | None = None,
     threads: int | None = None,
+    weights: np.ndarray | None = None,
 ) -> np.ndarray:
     """Reconstruct numpy predictions onto the whole grid (eager).
 
@@ -540,6 +466,9 @@ def overlap_add(
         uncovered. The plan tells (:func:`xpatch.core.partials.result_dtype`).
     threads
         Number of threads; default: the usable cores (one thread for small inputs).
+    weights
+        Weights multiplied into the window, ``(n, *lead, *patch)`` with size-1 axes
+        where they repeat (``(n, 1, ...)`` per patch), finite and >= 0.
 
     Examples
     --------
@@ -548,8 +477,9 @@ def overlap_add(
     [1.0, 1.0, 1.0, 1.0, 1.0, nan]
     """
     return overlap_add_groups(
-        [anchors], [predictions], grid_shape, window, reduce, dtype=dtype, threads=threads
-    )
+        [anchors], [predictions], grid_shape, window, reduce, dtype=dtype, threads=threads,
+        weight_groups=None if weights is None else [weights],
+    )  # fmt: skip
 
 
 def overlap_add_groups(
@@ -561,8 +491,9 @@ def overlap_add_groups(
     *,
     dtype: np.dtype | None = None,
     threads: int | None = None,
+    weight_groups: Sequence[np.ndarray] | None = None,
 ) -> np.ndarray:
-    """:func:`overlap_add` of several groups of predictions, read in place.
+    """:func:`overlap_add` of several groups of predictions (and weights), read in place.
 
     Examples
     --------
@@ -574,9 +505,14 @@ def overlap_add_groups(
     grid_shape = [int(n) for n in grid_shape]
     template = prediction_groups[0][:0]
     lead = template.shape[1 : template.ndim - len(grid_shape)]
-    acc = accumulation_dtype(template.dtype) if dtype is None else np.dtype(dtype)
+    acc = accumulation_dtype(template.dtype, reduce) if dtype is None else np.dtype(dtype)
+    # Found once, not per band: a vote sums each label present in its own pass.
+    labels = None
+    if reduce == "vote":
+        check_vote_dtype(template.dtype)
+        labels = present_labels(prediction_groups)
     out = np.empty((*lead, *grid_shape), dtype=acc)
-    if acc.kind not in "iu":
+    if acc.kind not in "iub" and weight_groups is None:  # float weights make floats anyway
         check_exact_in_float(prediction_groups, reduce, window)
     if threads is None:
         nbytes = sum(p.nbytes for p in prediction_groups)
@@ -590,7 +526,10 @@ def overlap_add_groups(
         origin = [lo] + [0] * (len(grid_shape) - 1)
         shape = [hi - lo, *grid_shape[1:]]
         view = out[(*lead_index, slice(lo, hi))]
-        accumulate_groups(origin, shape, anchor_groups, prediction_groups, window, reduce, view)
+        accumulate_groups(
+            origin, shape, anchor_groups, prediction_groups, window, reduce, view, labels,
+            weight_groups,
+        )  # fmt: skip
 
     if len(bands) == 1:
         accumulate_band(bands[0])

@@ -11,7 +11,6 @@ lazy paths give the same numbers.
 from __future__ import annotations
 
 import itertools
-import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -20,102 +19,31 @@ import numpy as np
 from dask.base import tokenize
 from dask.highlevelgraph import HighLevelGraph
 
+from xpatch.core.dtypes import (
+    Reduction,
+    accumulation_dtype,
+    check_exact_in_float,
+    check_vote_dtype,
+    reduction_fill,
+    weighted_result_dtype,
+)
+from xpatch.core.dtypes import covers_every_cell as covers_every_cell  # re-exported
+from xpatch.core.dtypes import plan_covers as plan_covers
+from xpatch.core.dtypes import result_dtype as result_dtype
 from xpatch.core.errors import PredictionError
 from xpatch.core.overlap_add import (
     BlendWindow,
     BlockWeights,
-    Reduction,
-    accumulation_dtype,
     add_patches,
-    check_exact_in_float,
     check_wrapped,
-    exact_integer_dtype,
     integer_sum_shadow,
     normalise,
     place_patches,
-    reduction_fill,
 )
 from xpatch.core.plan import Plan
 from xpatch.core.regroup import row_sources
-
-
-def covers_every_cell(anchors: np.ndarray, size: Sequence[int], shape: Sequence[int]) -> bool:
-    """Whether the patches at ``anchors`` cover every cell of a grid of ``shape``.
-
-    From the geometry alone, so that a result's dtype is known while its graph is
-    built: coverage is counted on the grid compressed to the patch edges, and a
-    box whose compressed grid is large is halved first.
-
-    Examples
-    --------
-    >>> covers_every_cell(np.array([[0], [3]]), [3], [6])
-    True
-    >>> covers_every_cell(np.array([[0, 0], [2, 2]]), [2, 2], [4, 4])
-    False
-    """
-    anchors = np.asarray(anchors, dtype=np.int64).reshape(-1, len(shape))
-    size, shape = np.asarray(size, np.int64), np.asarray(shape, np.int64)
-    if len(anchors) * np.prod(size, dtype=np.float64) < np.prod(shape, dtype=np.float64):
-        return False  # fewer cells in all patches together than in the grid
-    return _covers_box(anchors, size, np.zeros_like(shape), shape)
-
-
-def _covers_box(anchors: np.ndarray, size: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> bool:
-    reach = ((anchors < hi) & (anchors + size > lo)).all(axis=1)
-    if not reach.any():
-        return False
-    anchors = anchors[reach]
-    starts, ends = np.clip(anchors, lo, hi), np.clip(anchors + size, lo, hi)
-    cuts = [np.unique(np.r_[a, b, s, e]) for a, b, s, e in zip(lo, hi, starts.T, ends.T)]
-    if np.prod([float(len(c)) for c in cuts]) > 2**20:  # halve the axis with the most edges
-        j = int(np.argmax([len(c) for c in cuts]))
-        left_hi, right_lo = hi.copy(), lo.copy()
-        left_hi[j] = right_lo[j] = cuts[j][len(cuts[j]) // 2]
-        return _covers_box(anchors, size, lo, left_hi) and _covers_box(anchors, size, right_lo, hi)
-    # Coverage counts on the compressed grid: +-1 at the corners of each patch, then cumsum.
-    count = np.zeros([len(c) for c in cuts], dtype=np.int64)
-    edges = [
-        (np.searchsorted(c, s), np.searchsorted(c, e)) for c, s, e in zip(cuts, starts.T, ends.T)
-    ]
-    for corner in itertools.product((0, 1), repeat=len(cuts)):
-        index = tuple(pair[bit] for pair, bit in zip(edges, corner))
-        np.add.at(count, index, -1 if sum(corner) % 2 else 1)
-    for j in range(count.ndim):
-        np.cumsum(count, axis=j, out=count)
-    return bool((count[tuple(slice(0, len(c) - 1) for c in cuts)] > 0).all())
-
-
-#: Plan -> whether its patches cover every cell (a plan is immutable; it is asked once).
-_COVERAGE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def plan_covers(plan: Plan) -> bool:
-    """Whether the patches of ``plan`` cover every cell of its grid (cached per plan)."""
-    covered = _COVERAGE.get(plan)
-    if covered is None:
-        covered = _COVERAGE[plan] = covers_every_cell(plan.anchors, plan.size, plan.grid.shape)
-    return covered
-
-
-def result_dtype(dtype: np.dtype, reduce: Reduction, window, plan: Plan) -> np.dtype:
-    """Return the dtype of reducing ``dtype`` predictions on ``plan``, read off the geometry.
-
-    :func:`~xpatch.core.overlap_add.accumulation_dtype`, with the coverage of
-    the plan: integers stay integers for ``"max"``, ``"min"`` and an integral
-    ``"sum"`` when every cell is covered. Nothing is computed.
-
-    Examples
-    --------
-    >>> from xpatch.core.plan import ChunkGrid
-    >>> grid = ChunkGrid.from_chunks([(6,)])
-    >>> full = Plan.compile(np.array([[0], [3]]), grid, [3], keep_order=True)
-    >>> gap = Plan.compile(np.array([[0], [4]]), grid, [2], keep_order=True)
-    >>> [str(result_dtype(np.dtype("int16"), "max", np.ones(3), p)) for p in (full, gap)]
-    ['int16', 'float64']
-    """
-    exact = exact_integer_dtype(dtype, reduce, window) is not None
-    covered = exact and plan_covers(plan)
-    return accumulation_dtype(dtype, reduce, window=window, covered=covered)
+from xpatch.core.vote import vote_partial, vote_pieces
+from xpatch.core.weighted import check_weights, weigher, weighted_sums
 
 
 @dataclass(frozen=True, eq=False)
@@ -135,7 +63,9 @@ class Partial:
     total
         ``(*lead, *box)``: Σ w·x for ``"mean"`` and ``"sum"`` (0 where nothing
         landed), or the running max / min (NaN, or for integers the identity
-        of the max / min, where nothing landed).
+        of the max / min, where nothing landed). For ``"vote"``,
+        ``(n_labels, *lead, *box)``: per label of :attr:`labels`, the Σ w of the
+        patches voting it (-1 where none does; :mod:`xpatch.core.vote`).
     weight
         Σ w of the valid values when some value was NaN; None when all were valid,
         and the window sums of :attr:`anchors` apply.
@@ -145,6 +75,8 @@ class Partial:
         For an integer sum: a bound on ``|total|`` and, when that bound does not
         rule out that the sum wraps, Σ w·x in float64 (else None), from which
         the block's sum is checked.
+    labels
+        For ``"vote"``: the sorted labels present in the group (else None).
     """
 
     origin: tuple[int, ...]
@@ -153,6 +85,7 @@ class Partial:
     anchors: np.ndarray
     bound: float = 0.0
     shadow: np.ndarray | None = None
+    labels: np.ndarray | None = None
 
     def crop(self, origin: Sequence[int], shape: Sequence[int], size: Sequence[int]):
         """Return a copy of the part inside ``[origin, origin + shape)``, or None.
@@ -180,8 +113,9 @@ class Partial:
         weight = None if self.weight is None else self.weight[index]
         shadow = None if self.shadow is None else self.shadow[index]
         return Partial(
-            tuple(lo), self.total[index], weight, self.anchors[reach], self.bound, shadow
-        )
+            tuple(lo), self.total[index], weight, self.anchors[reach], self.bound, shadow,
+            self.labels,
+        )  # fmt: skip
 
 
 def partial_sums(
@@ -192,13 +126,16 @@ def partial_sums(
     window: np.ndarray | BlendWindow,
     reduce: Reduction,
     dtype: np.dtype | None = None,
+    weights: np.ndarray | None = None,
 ) -> Partial:
     """Add one group of patches into the box ``[origin, origin + box_shape)``.
 
     The counterpart of :func:`accumulate_groups` that does not normalise, so that
     :func:`combine_partials` can add the partials of several groups. ``dtype``
     is the result's (:func:`result_dtype`); by default as if some cell of the
-    grid were uncovered.
+    grid were uncovered. ``weights`` (``(n, *lead, *patch)``, size-1 axes where
+    they repeat) multiply the window; they are checked here, so a lazy
+    reconstruction checks them task by task (:func:`~xpatch.core.weighted.check_weights`).
 
     Examples
     --------
@@ -210,12 +147,22 @@ def partial_sums(
     k = len(box_shape)
     origin = tuple(int(o) for o in origin)
     lead = predictions.shape[1 : predictions.ndim - k]
-    acc = accumulation_dtype(predictions.dtype) if dtype is None else np.dtype(dtype)
-    if acc.kind not in "iu":
+    acc = accumulation_dtype(predictions.dtype, reduce) if dtype is None else np.dtype(dtype)
+    if acc.kind not in "iub" and weights is None:  # float weights make floats anyway
         check_exact_in_float([predictions], reduce, window)
-    out = np.empty((*lead, *(int(n) for n in box_shape)), dtype=acc)
+    box = (*lead, *(int(n) for n in box_shape))
     placements = place_patches(origin, box_shape, [anchors], window.values.shape)
     reaching = np.array([p.anchor for p in placements], dtype=np.int64).reshape(-1, k)
+    weigh = None
+    if weights is not None:
+        weigh = weigher(window.values, [check_weights(weights)], [predictions])
+    if reduce == "vote":
+        check_vote_dtype(predictions.dtype)
+        labels, votes = vote_partial(box, placements, [predictions], window.values, weigh)
+        return Partial(origin, votes, None, reaching, labels=labels)
+    out = np.empty(box, dtype=acc)
+    if weigh is not None:  # Σ w depends on the data: the partial carries it
+        return Partial(origin, out, weighted_sums(out, placements, [predictions], weigh), reaching)
     weights, valid = add_patches(
         out, origin, box_shape, placements, [predictions], window, reduce, False
     )
@@ -270,6 +217,9 @@ def combine_partials(
         offsets = [a - o for a, o in zip(piece.origin, origin)]
         return (Ellipsis, *(slice(a, a + n) for a, n in zip(offsets, extent)))
 
+    if reduce == "vote":
+        out = np.empty(out_shape, dtype=acc)
+        return vote_pieces(out, [(p.labels, p.total, region(p)) for p in pieces])
     if reduce in ("max", "min"):
         out = np.full(out_shape, reduction_fill(acc, reduce), dtype=acc)
         combine = np.fmax if reduce == "max" else np.fmin
@@ -374,7 +324,9 @@ def assemble_blocks(
     return tuple(tuple(c) for c in lead_chunks) + grid.chunks
 
 
-def _partial_task(predictions, anchors, origin, box_shape, window, reduce, columns, dtype):
+def _partial_task(
+    predictions, anchors, origin, box_shape, window, reduce, columns, dtype, weights=None
+):
     carried = None if columns is None else np.stack(columns, axis=1)
     if carried is not None and not np.array_equal(carried, anchors):
         bad = int(np.flatnonzero((np.asarray(carried) != anchors).any(axis=1))[0])
@@ -385,7 +337,7 @@ def _partial_task(predictions, anchors, origin, box_shape, window, reduce, colum
             "anchor coordinates (pred.assign_coords({c: pred[c].compute() ...})) to have "
             "them put in order."
         )
-    return partial_sums(origin, box_shape, anchors, predictions, window, reduce, dtype)
+    return partial_sums(origin, box_shape, anchors, predictions, window, reduce, dtype, weights)
 
 
 def overlap_add_dask(
@@ -395,6 +347,7 @@ def overlap_add_dask(
     reduce: Reduction = "mean",
     rows: np.ndarray | None = None,
     carried_anchors: Sequence[da.Array] | None = None,
+    weights: da.Array | np.ndarray | None = None,
 ) -> da.Array:
     """Reconstruct dask predictions lazily: a partial per group, a task per output block.
 
@@ -425,14 +378,25 @@ def overlap_add_dask(
         checks its rows' against the plan's and raises
         :class:`~xpatch.PredictionError` on a mismatch (computing them to match
         them up would compute while building the graph).
+    weights
+        Weights multiplied into the window, row for row with ``predictions``:
+        ``(n, *lead, *patch)`` with size-1 axes where they repeat, chunked any way
+        along the first axis (regrouped as the predictions are). Checked (finite,
+        >= 0) by each partial's task.
     """
     k = plan.ndim
     n_lead = predictions.ndim - 1 - k
     window = BlendWindow.of(window)
     predictions = predictions.rechunk({ax: -1 for ax in range(1 + n_lead, predictions.ndim)})
     rows = plan.order if rows is None else np.asarray(rows, dtype=np.int64)[plan.order]
-    acc = result_dtype(predictions.dtype, reduce, window, plan)
-    token = tokenize(predictions, plan, rows, window.values, reduce, carried_anchors)
+    acc = weighted_result_dtype(predictions.dtype, reduce, window, plan, weights is not None)
+    if weights is not None:  # lead axes chunked as the predictions' (or 1), patched axes whole
+        weights = da.asarray(weights)
+        weights = weights.rechunk(
+            {ax: predictions.chunks[ax] if weights.shape[ax] > 1 else -1
+             for ax in range(1, weights.ndim)}
+        )  # fmt: skip
+    token = tokenize(predictions, plan, rows, window.values, reduce, carried_anchors, weights)
     name = f"xpatch-overlap-add-{token}"
     window_key = (f"xpatch-window-{token}",)
     layer: dict = {window_key: window}
@@ -453,10 +417,17 @@ def overlap_add_dask(
                 ]
             task = (_partial_task, source, anchors, lo, shape, window_key, reduce, carried)
             layer[key] = (*task, acc)
+            if weights is not None:
+                index = [b if weights.shape[1 + j] > 1 else 0 for j, b in enumerate(lead_block)]
+                layer[key] += (
+                    row_sources(
+                        weights.name, weights.chunks[0], rows[start:stop], (*index, *[0] * k)
+                    ),
+                )
             partial_keys[(g, lead_block)] = key
     chunks = assemble_blocks(
         layer, partial_keys, plan, lead_chunks, window_key, window, reduce, acc, name
     )
-    dependencies = [predictions, *(carried_anchors or [])]
+    dependencies = [predictions, *(carried_anchors or []), *([] if weights is None else [weights])]
     graph = HighLevelGraph.from_collections(name, layer, dependencies=dependencies)
     return da.Array(graph, name, chunks, dtype=acc, meta=np.empty((0,) * (n_lead + k), acc))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Mapping, Sequence
 from functools import reduce
-from typing import Any, TypeAlias
+from typing import Any, NamedTuple, TypeAlias
 
 import numpy as np
 import scipy.signal
@@ -199,3 +199,22 @@ def marginal_window(window: np.ndarray, keep: Sequence[int]) -> np.ndarray:
     """
     drop = tuple(ax for ax in range(window.ndim) if ax not in keep)
     return window.sum(axis=drop) if drop else window
+
+
+class BlendWindow(NamedTuple):
+    """A blending window and, when it is separable, its 1-D factors.
+
+    Built once per patcher and put into a dask graph once, so block tasks do not
+    refactor the window each time.
+    """
+
+    values: np.ndarray
+    factors: tuple[np.ndarray, ...] | None
+
+    @classmethod
+    def of(cls, window: np.ndarray | BlendWindow) -> BlendWindow:
+        """Wrap a window array (a BlendWindow is returned as is)."""
+        if isinstance(window, BlendWindow):
+            return window
+        window = np.asarray(window)
+        return cls(window, separable_factors(window))
