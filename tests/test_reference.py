@@ -697,3 +697,53 @@ def test_large_eager_reconstruct_matches_brute_force(reduce):
     pred, values = make_prediction(p, rng, {"class": 5}, "float64", False, False, False)
     assert pred.nbytes > 8 * 2**20
     check_reconstruct(p, da, pred, values, reduce, window, "float64")
+
+
+def test_reconstruct_of_a_gaussian_tail_below_float32s_range_matches_brute_force():
+    """A falsifying example: float32 predictions, ('gaussian', 1.5) over 43 cells.
+
+    The window's ends (~2.7e-43) are denormal in float32; a NaN in the predictions
+    (the masked sums) or lazy predictions (the partials) blended them unnormalised in
+    float32, and the edge cells, which only those weights reach, came back off by 3e-4.
+    """
+    case = {
+        "kind": "jitter", "dims": ("x", "y", "band"), "pdims": ("x", "y", "band"),
+        "extent": {"band": 1, "y": 1, "x": 43}, "dtype": "float32", "nan_box": False,
+        "min_valid": None, "expected": None, "most": {"x": 0, "y": 0, "band": 0}, "seed": 0,
+        "options": {
+            "size": {"x": 43, "y": 1, "band": 1}, "stride": {"x": 1, "y": 1, "band": 1},
+            "boundary": "shift", "window": ("gaussian", 1.5),
+            "sampler": xpatch.JitteredGrid(jitter=0, seed=0),
+        },
+    }  # fmt: skip
+    rng = np.random.default_rng(case["seed"])
+    da = build_input(rng, case["dims"], case["extent"], case["dtype"], case["nan_box"])
+    for lazy_input in (False, True):
+        obj = da.chunk({d: partition(rng, da.sizes[d]) for d in da.dims}) if lazy_input else da
+        p = quiet_patch(obj, **case["options"], min_valid=case["min_valid"])
+        weights = check_weights(p, case)
+        check_patches(p, da, rng)
+        pred, values = make_prediction(p, rng, {}, case["dtype"], False, False, False)
+        assert np.isnan(values).any()  # the masked sums
+        check_reconstruct(p, da, pred, values, "mean", weights, case["dtype"])
+
+
+@pytest.mark.parametrize("lazy", [False, True], ids=["numpy", "dask"])
+@pytest.mark.parametrize("nan", [False, True], ids=["full", "nan"])
+@pytest.mark.parametrize("sigma", [1.5, 1.0])  # ends ~3e-43 (denormal in float32), ~1e-96 (0)
+def test_mean_of_float32_predictions_gives_back_a_lone_patch_under_a_narrow_gaussian(
+    lazy, nan, sigma
+):
+    n = 43
+    da = xr.DataArray(np.zeros(n, np.float32), dims="x")
+    p = quiet_patch(da, size={"x": n}, stride={"x": 1}, window=("gaussian", sigma))
+    values = np.random.default_rng(1).normal(0.0, 10.0, (len(p), n)).astype(np.float32)
+    if nan:
+        values[0, n // 2] = np.nan
+    pred = xr.DataArray(values, dims=("patch", "x"))
+    out = p.reconstruct(pred.chunk({"patch": 1}) if lazy else pred, reduce="mean")
+    assert out.dtype == np.float32
+    expected, scale = blend(p.anchors().values, p.weights().values, values, [n], "mean")
+    assert_matches(out.values, expected, np.float32, scale)
+    # Cells 0 and n - 1 are reached by the ends of one patch only: its values come back.
+    np.testing.assert_allclose(out.values[[0, -1]], values[0, [0, -1]], rtol=2e-7)

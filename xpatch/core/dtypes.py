@@ -59,6 +59,32 @@ def accumulation_dtype(
     return exact if exact is not None and covered else np.dtype(np.float64)
 
 
+def working_dtype(acc: np.dtype, reduce: Reduction, window) -> np.dtype:
+    """Return the dtype a ``"mean"`` into ``acc`` is computed in: ``acc``, or float64.
+
+    A mean divides Σw·x by Σw. A weight below float32's smallest normal number divided
+    by its epsilon (~1e-31; the tails of a narrow Gaussian, e.g. 3e-43 at the ends of
+    ``("gaussian", 1.5)`` over 43 cells) keeps only a few bits in float32, or becomes 0,
+    so the cells only such weights reach would come back off by ~1e-4 or NaN. Such a
+    window is blended in float64, and the result cast back to ``acc``.
+
+    Examples
+    --------
+    >>> f32 = np.dtype("float32")
+    >>> [str(working_dtype(f32, "mean", w)) for w in (np.ones(3), np.array([1e-43, 1.0]))]
+    ['float32', 'float64']
+    >>> str(working_dtype(f32, "sum", np.array([1e-43, 1.0])))
+    'float32'
+    """
+    acc = np.dtype(acc)
+    if reduce != "mean" or acc.kind not in "fc" or np.finfo(acc).bits >= 64:
+        return acc
+    info = np.finfo(acc)
+    if BlendWindow.of(window).values.min(initial=np.inf) >= info.tiny / info.eps:
+        return acc
+    return np.result_type(acc, np.float64)
+
+
 def exact_integer_dtype(dtype: np.dtype, reduce: Reduction, window) -> np.dtype | None:
     """Return the integer dtype that reduces integers of ``dtype`` exactly, or None.
 

@@ -33,6 +33,7 @@ from xpatch.core.dtypes import (
     check_vote_dtype,
     reduction_fill,
     value_range,
+    working_dtype,
 )
 from xpatch.core.dtypes import check_reduction as check_reduction
 from xpatch.core.errors import PredictionError
@@ -511,7 +512,7 @@ def overlap_add_groups(
     if reduce == "vote":
         check_vote_dtype(template.dtype)
         labels = present_labels(prediction_groups)
-    out = np.empty((*lead, *grid_shape), dtype=acc)
+    out = np.empty((*lead, *grid_shape), dtype=working_dtype(acc, reduce, window))
     if acc.kind not in "iub" and weight_groups is None:  # float weights make floats anyway
         check_exact_in_float(prediction_groups, reduce, window)
     if threads is None:
@@ -536,4 +537,4 @@ def overlap_add_groups(
     else:
         with ThreadPoolExecutor(len(bands)) as pool:
             list(pool.map(accumulate_band, bands))
-    return out
+    return out.astype(acc, copy=False)

@@ -26,6 +26,7 @@ from xpatch.core.dtypes import (
     check_vote_dtype,
     reduction_fill,
     weighted_result_dtype,
+    working_dtype,
 )
 from xpatch.core.dtypes import covers_every_cell as covers_every_cell  # re-exported
 from xpatch.core.dtypes import plan_covers as plan_covers
@@ -150,6 +151,7 @@ def partial_sums(
     acc = accumulation_dtype(predictions.dtype, reduce) if dtype is None else np.dtype(dtype)
     if acc.kind not in "iub" and weights is None:  # float weights make floats anyway
         check_exact_in_float([predictions], reduce, window)
+    acc = working_dtype(acc, reduce, window)  # combine_partials casts back
     box = (*lead, *(int(n) for n in box_shape))
     placements = place_patches(origin, box_shape, [anchors], window.values.shape)
     reaching = np.array([p.anchor for p in placements], dtype=np.int64).reshape(-1, k)
@@ -226,7 +228,7 @@ def combine_partials(
         for piece in pieces:
             combine(out[region(piece)], piece.total, out=out[region(piece)])
         return out
-    out = np.zeros(out_shape, dtype=acc)
+    out = np.zeros(out_shape, dtype=working_dtype(acc, reduce, window))
     for piece in pieces:
         out[region(piece)] += piece.total
     if acc.kind in "iu":  # an integral sum, every cell covered: exact unless it wrapped
@@ -236,7 +238,7 @@ def combine_partials(
                 shadow[region(piece)] += piece.total if piece.shadow is None else piece.shadow
             check_wrapped(out, shadow)
         return out
-    real = np.empty(0, dtype=acc).real.dtype
+    real = np.empty(0, dtype=out.dtype).real.dtype
 
     def window_sums(box_origin, box_shape, anchors) -> BlockWeights:
         placements = place_patches(box_origin, box_shape, [anchors], window.values.shape)
@@ -248,8 +250,8 @@ def combine_partials(
         if weights.covers_all():
             if reduce == "mean":
                 np.divide(out, weights.total().astype(real), out=out)
-            return out
-        return normalise(out, weights.total(), reduce)
+            return out.astype(acc, copy=False)
+        return normalise(out, weights.total(), reduce).astype(acc, copy=False)
     weight = np.zeros(out_shape, dtype=real)
     for piece in pieces:
         if piece.weight is not None:
@@ -257,7 +259,7 @@ def combine_partials(
         else:
             extent = piece.total.shape[-k:]
             weight[region(piece)] += window_sums(piece.origin, extent, piece.anchors).total()
-    return normalise(out, weight, reduce)
+    return normalise(out, weight, reduce).astype(acc, copy=False)
 
 
 def _overhang_task(partial: Partial, blocks: list, size) -> dict:
