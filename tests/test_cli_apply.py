@@ -20,6 +20,12 @@ MODEL = textwrap.dedent(
     def band_sum(batch):
         # (b, band, y, x) -> (b, 1, y, x)
         return batch.sum(axis=1, keepdims=True)
+
+    def five_class(batch):
+        # (b, 2, y, x) -> (b, 5, y, x) class scores, differing from patch to patch
+        k = np.arange(5, dtype=batch.dtype)[None, :, None, None]
+        shift = batch.mean(axis=(1, 2, 3))[:, None, None, None]
+        return np.sin(batch[:, :1] * 7 * (k + 1) - batch[:, 1:] * 3 + shift * k)
     """
 )
 
@@ -62,6 +68,37 @@ def test_geotiff_in_geotiff_out_keeps_georeferencing(tmp_path, model_file, raste
     assert written.rio.crs == original.rio.crs
     assert written.rio.transform() == original.rio.transform()
     np.testing.assert_allclose(written.values, raster.values * 2, rtol=1e-6)
+
+
+def test_argmax_writes_a_uint8_geotiff_of_class_labels(tmp_path, model_file, raster, capsys):
+    rioxarray = pytest.importorskip("rioxarray")
+    source = tmp_path / "in.tif"
+    raster.rio.write_crs("EPSG:32633").rio.to_raster(source)
+    target = tmp_path / "labels.tif"
+    argv = ["apply", str(source), str(target), "--fn", f"{model_file}:five_class"]
+    options = ["--size", "32", "--stride", "24", "--chunks", "64", "--no-progress"]
+    assert main([*argv, *options, "--output-dims", "class=5", "--reduce", "argmax"]) == 0
+    assert "uint8" in capsys.readouterr().out
+    written = rioxarray.open_rasterio(target)
+    original = rioxarray.open_rasterio(source)
+    assert written.dtype == np.uint8 and written.sizes["band"] == 1
+    assert written.rio.crs == original.rio.crs
+    assert written.rio.transform() == original.rio.transform()
+    # Brute force: blend the scores in memory with the same layout, then argmax.
+    fn = load_function(f"{model_file}:five_class")
+    scores = raster.patch(y=32, x=32, stride=24, window="hann").apply(
+        fn, output_dims={"class": 5}, out_dtype="float64"
+    )
+    expected = np.argmax(scores.values, axis=0)
+    assert len(np.unique(expected)) >= 3
+    np.testing.assert_array_equal(written.values[0], expected)
+    # --out-dtype stores the blended scores as asked.
+    scaled = tmp_path / "scores.tif"
+    argv = ["apply", str(source), str(scaled), "--fn", f"{model_file}:double", *options]
+    assert main([*argv, "--out-dtype", "int16"]) == 0
+    stored = rioxarray.open_rasterio(scaled)
+    assert stored.dtype == np.int16
+    np.testing.assert_array_equal(stored.values, np.rint(raster.values * 2.0))
 
 
 def test_zarr_in_zarr_out_with_new_output_dims(tmp_path, model_file, raster, capsys):

@@ -542,6 +542,16 @@ def test_apply_matches_brute_force(case, reduce, data):
         expected, scale = blend(
             anchors, p.weights().values, preds, list(values.shape[-len(size) :]), reduce
         )
+        covered = not np.isnan(expected).any()
+        if reduce == "mean" and np.dtype(out_dtype).kind in "iu" and covered:
+            # apply stores the mean of integers in their dtype, rounded to nearest.
+            assert out.dtype == np.dtype(out_dtype)
+            got = out.transpose(*lead, *p.dims).values
+            # Half-way means may round either way after float rounding of the sums.
+            tie = np.isclose(np.abs(expected - np.trunc(expected)), 0.5, rtol=0, atol=1e-6)
+            ok = (got == np.rint(expected)) | (tie & (np.abs(got - expected) <= 0.5 + 1e-6))
+            assert ok.all(), (got[~ok], expected[~ok])
+            continue
         assert out.dtype == result_dtype(out_dtype, reduce, p.weights().values, expected)
         got = out.transpose(*lead, *p.dims).values
         assert_matches(got, expected, out_dtype, scale)

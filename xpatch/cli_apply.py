@@ -100,7 +100,19 @@ def add_apply_command(commands: argparse._SubParsersAction) -> argparse.Argument
         help="FN's non-patched output dims, e.g. class=5 ('' for none; default: the input's)",
     )
     apply.add_argument("--dtype", default=None, help="FN's output dtype (default: the input's)")
-    apply.add_argument("--reduce", choices=("mean", "sum", "max", "min", "vote"), default="mean")
+    apply.add_argument(
+        "--out-dtype",
+        default=None,
+        help="OUTPUT's dtype: the blend rounded (integers) and clipped to it (default: FN's "
+        "dtype for a mean of integers, uint8/uint16 labels for argmax, else the blend's)",
+    )
+    apply.add_argument(
+        "--reduce",
+        choices=("mean", "sum", "max", "min", "vote", "argmax"),
+        default="mean",
+        help="how overlaps combine; argmax blends class scores as the mean and writes the "
+        "index of the largest along FN's one output dim (class labels, e.g. uint8)",
+    )
     apply.add_argument(
         "--nodata",
         type=_nodata,
@@ -370,6 +382,7 @@ def _plan_apply(args: argparse.Namespace) -> tuple:
         dtype=args.dtype,
         reduce=args.reduce,
         nodata=args.nodata,
+        out_dtype=args.out_dtype,
     )
     if Path(args.output).suffix.lower() in GEOTIFF_SUFFIXES:
         result = _geotiff_result(result, args)

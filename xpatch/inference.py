@@ -22,11 +22,23 @@ from xpatch.core.extract import check_pad_value
 from xpatch.core.overlap_add import Reduction, check_reduction
 from xpatch.predictions import output_coords
 from xpatch.provenance import describe_callable, layout_facts, note_result
+from xpatch.stored import (
+    argmax_labels,
+    cast_stored,
+    check_out_dtype,
+    check_stored_nodata,
+    class_dim,
+    default_out_dtype,
+    label_dtype,
+)
 from xpatch.variables import data_token
 from xpatch.views import PATCH_DIM
 
 if TYPE_CHECKING:
     from xpatch.patcher import Patcher
+
+#: ``apply``'s reductions: :meth:`reconstruct`'s, and ``"argmax"`` (a label map of scores).
+ApplyReduction = Reduction | Literal["argmax"]
 
 
 def check_output_dims(
@@ -60,9 +72,10 @@ def apply(
     *,
     output_dims: Mapping[Hashable, int] | None = None,
     dtype: DTypeLike | None = None,
-    reduce: Reduction = "mean",
+    reduce: ApplyReduction = "mean",
     nodata: float | Literal["input"] | None = "input",
     pad_batch: bool = False,
+    out_dtype: DTypeLike | None = None,
 ) -> xr.DataArray:
     """Run ``fn`` over every patch in batches and blend the results onto the grid.
 
@@ -109,6 +122,12 @@ def apply(
         How overlapping results combine, as in :meth:`reconstruct`, which
         also gives the result's dtype: integers stay exact for ``"max"``,
         ``"min"`` and a ``"boxcar"`` ``"sum"`` when the patches cover every cell.
+        ``"argmax"``: class scores blend as the ``"mean"``, then each cell
+        stores the index of the largest score along the one non-patched output
+        dim (e.g. ``output_dims={"class": 5}``), which the result drops: a
+        label map in the smallest unsigned integer dtype that holds the labels
+        (uint8 up to 256 classes). Ties go to the first index; a cell where a
+        score is NaN (no patch covers it) has no label and needs ``nodata``.
     nodata
         The output's nodata value (``_FillValue``): ``"input"`` (default) the
         input's, a number, or None for none (NaN cells stay NaN). Cells where
@@ -123,6 +142,20 @@ def apply(
         compiled function (``jax.jit``, ``torch.compile``) then compiles once
         per run instead of once per new batch size, at the cost of some wasted
         work on the filler patches. Values are those of ``pad_batch=False``.
+    out_dtype
+        dtype of the stored result, where ``dtype`` is that of ``fn``'s output:
+        the blend is rounded to nearest (ties to even, ``numpy.rint``) for an
+        integer ``out_dtype``, clipped to the dtype's range (finite floats stay
+        finite), then cast. Default: a ``"mean"`` of integers (``dtype``, or an
+        integer input with ``dtype=None``) rounds back to that integer dtype, so
+        uint16 in gives uint16 out, when every cell gets a value or ``nodata``
+        gives one the dtype holds (else float64 with NaN, as before);
+        ``"argmax"``'s label dtype; otherwise the reduction's dtype. An integer
+        ``out_dtype`` cannot hold NaN: cells without data (uncovered, or the
+        input's nodata) take ``nodata``, and an :class:`~xpatch.OptionError`
+        asks for one when it is None or does not fit; NaN that ``fn`` returns
+        takes it too, or raises a :class:`~xpatch.PredictionError` (when
+        computed, on dask). Lazy stays lazy: the cast is one task per block.
 
     Returns
     -------
@@ -149,6 +182,15 @@ def apply(
     >>> labels.dtype, labels.isel(n=0).values[2].tolist()
     (dtype('uint8'), [1, 1, 1, 2])
 
+    A label map from class scores, and a blend stored as rounded integers:
+
+    >>> classes = p.apply(lambda b: np.stack([b[:, 0], 5 - b[:, 0]], axis=1),
+    ...                   output_dims={"class": 2}, reduce="argmax")
+    >>> classes.dims, classes.dtype, classes.values[0].tolist()
+    (('y', 'x'), dtype('uint8'), [1, 1, 1, 0])
+    >>> p.apply(lambda b: b / 4, out_dtype="int16").isel(band=0).values[0].tolist()
+    [0, 0, 0, 1]
+
     A 3-point mean filter over reflect-padded patches, in batches of exactly 2:
 
     >>> line = xr.DataArray(np.arange(7.0), dims="x")
@@ -174,7 +216,8 @@ def apply(
             f"pad_batch={pad_batch!r} must be True or False (True: fn always gets exactly "
             "batch_size patches)."
         )
-    reduce = check_reduction(reduce)
+    argmax = isinstance(reduce, str) and reduce == "argmax"
+    reduce = "mean" if argmax else check_reduction(reduce)  # argmax blends as the mean
     nodata = check_nodata_option(nodata)
     output_dims = check_output_dims(p, output_dims)
     try:
@@ -183,6 +226,22 @@ def apply(
         raise OptionError(
             f"dtype={dtype!r} is not a numpy dtype; pass e.g. 'float32' or np.float32."
         ) from None
+    stored = check_out_dtype(out_dtype)
+    if argmax:
+        n_classes = output_dims[class_dim(output_dims)]
+        if stored is None:
+            stored = label_dtype(n_classes)
+        elif stored.kind not in "iu" or np.iinfo(stored).max < n_classes - 1:
+            raise OptionError(
+                f"out_dtype={out_dtype!r} cannot hold the labels 0..{n_classes - 1} of "
+                f"reduce='argmax'; pass an integer dtype such as {str(label_dtype(n_classes))!r}"
+                " (the default)."
+            )
+        check_stored_nodata(stored, p, obj, nodata, "the labels of reduce='argmax'")
+    elif stored is None:
+        stored = default_out_dtype(dtype, reduce, p, obj, nodata)
+    else:
+        check_stored_nodata(stored, p, obj, nodata, f"out_dtype={out_dtype!r}")
     carried = [d for d in obj.dims if d not in p.dims]
     data = obj.transpose(*carried, *p.dims).data
     common = dict(
@@ -201,11 +260,15 @@ def apply(
         out = apply_dask(data, **common)
     else:
         out = apply_numpy(np.asarray(data), **common)
-    result = xr.Variable((*output_dims, *p.dims), out)
+    if argmax:  # the class dim (first) gives way to the index of its largest score
+        out = argmax_labels(out, axis=0)
+    result = xr.Variable((*({} if argmax else output_dims), *p.dims), out)
     if set(result.dims) == set(obj.dims):
         result = result.transpose(*obj.dims)
     coords = output_coords(p, xr.Dataset(), dict(zip(result.dims, result.shape)))
     out = applied(result, obj, coords, nodata)
+    if stored is not None:
+        out = cast_stored(out, stored)
     note_result(
         out,
         lambda: {
@@ -214,8 +277,9 @@ def apply(
             **layout_facts(p),
             "output_dims": output_dims,
             "dtype": str(dtype),
-            "reduce": reduce,
+            "reduce": "argmax" if argmax else reduce,
             "nodata": nodata,
+            "out_dtype": str(out.dtype),
             "pad_mode": p.pad_mode,
         },
     )

@@ -532,13 +532,15 @@ class Patcher(Generic[T]):
         *,
         output_dims: Mapping[Hashable, int] | None = None,
         dtype: DTypeLike | None = None,
-        reduce: Reduction = "mean",
+        reduce: inference.ApplyReduction = "mean",
         nodata: float | Literal["input"] | None = "input",
         pad_batch: bool = False,
+        out_dtype: DTypeLike | None = None,
     ) -> xr.DataArray:
         check_apply_dtype(self._obj, dtype)
         return inference.apply(self, fn, batch_size, output_dims=output_dims, dtype=dtype,
-                               reduce=reduce, nodata=nodata, pad_batch=pad_batch)  # fmt: skip
+                               reduce=reduce, nodata=nodata, pad_batch=pad_batch,
+                               out_dtype=out_dtype)  # fmt: skip
 
     reconstruct.__doc__ = predictions.reconstruct.__doc__
     apply.__doc__ = inference.apply.__doc__

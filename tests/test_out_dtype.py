@@ -1,0 +1,147 @@
+"""``apply(..., out_dtype=)`` and ``reduce="argmax"``: what the blended result is stored as."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import xarray as xr
+
+import xpatch  # noqa: F401 (registers .patch)
+from tests.conftest import forbid_compute
+from xpatch.core.errors import OptionError, PredictionError
+
+pytestmark = pytest.mark.filterwarnings("ignore::xpatch.UncoveredCellsWarning")
+
+
+def five_class(batch: np.ndarray) -> np.ndarray:
+    """(b, 2, y, x) -> (b, 5, y, x) scores that differ from patch to patch."""
+    base = batch[:, :1] * np.arange(1, 6)[None, :, None, None] - batch[:, 1:2] * 2.0
+    shift = batch.mean(axis=(1, 2, 3))[:, None, None, None]
+    return np.sin(base + shift * np.arange(5)[None, :, None, None])
+
+
+@pytest.fixture
+def image() -> xr.DataArray:
+    rng = np.random.default_rng(7)
+    return xr.DataArray(
+        rng.random((2, 30, 37)), dims=("band", "y", "x"), coords={"y": np.arange(30.0)}
+    )
+
+
+def both(da: xr.DataArray, **patch):
+    """The same layout over numpy and dask input (chunks smaller than the grid)."""
+    return da.patch(**patch), da.chunk({"y": 13, "x": 16}).patch(**patch)
+
+
+def test_rounding_and_clipping_numpy_and_dask_agree(image):
+    def big(b):  # values past uint8's range at both ends, and halves
+        return (b - 0.5) * 700.0
+
+    eager, lazy = both(image, y=8, x=8, stride=5, window="hann")
+    with forbid_compute():
+        out_lazy = lazy.apply(big, out_dtype="uint8")
+    assert out_lazy.chunks is not None and out_lazy.dtype == np.uint8
+    out = eager.apply(big, out_dtype="uint8")
+    blended = eager.apply(big)
+    assert out.dtype == np.uint8 and blended.dtype == np.float64
+    expected = np.clip(np.rint(blended.values), 0, 255).astype("uint8")
+    np.testing.assert_array_equal(out.values, expected)
+    np.testing.assert_array_equal(out_lazy.values, expected)
+    assert (out.values == 0).any() and (out.values == 255).any()
+    # A float out_dtype clips to the finite range instead of overflowing to inf.
+    huge = eager.apply(lambda b: b * 1e300, out_dtype="float32")
+    assert huge.dtype == np.float32 and np.isfinite(huge.values).all()
+
+
+def test_integer_mean_keeps_the_input_dtype_by_default(image):
+    counts = (image * 60000).astype("uint16")
+    eager, lazy = both(counts, y=8, x=8, stride=5, window="hann")
+    with forbid_compute():
+        out_lazy = lazy.apply(lambda b: b)
+    out = eager.apply(lambda b: b)
+    assert out.dtype == out_lazy.dtype == np.uint16
+    np.testing.assert_array_equal(out.values, counts.values)  # a mean of equal values
+    np.testing.assert_array_equal(out_lazy.values, counts.values)
+    asked = eager.apply(lambda b: b, out_dtype="float64")
+    assert asked.dtype == np.float64
+    np.testing.assert_array_equal(out.values, np.rint(asked.values))
+    # Float input, and other reductions, keep their dtype.
+    assert eager.apply(lambda b: b, reduce="max").dtype == np.uint16
+    assert image.patch(y=8, x=8, stride=5).apply(lambda b: b).dtype == np.float64
+
+
+def test_uncovered_cells_need_a_nodata_value_for_integers(image):
+    counts = (image * 1000).astype("int16")
+    p = counts.patch(y=8, x=8, stride=10, boundary="drop")  # gaps between the patches
+    assert p.apply(lambda b: b).dtype == np.float64  # default: no nodata, so NaN as before
+    with pytest.raises(OptionError, match=r"out_dtype='int16'.*pass nodata="):
+        p.apply(lambda b: b, out_dtype="int16")
+    out = p.apply(lambda b: b, out_dtype="int16", nodata=-1)
+    assert out.dtype == np.int16 and out.attrs["_FillValue"] == -1
+    assert (out.values[:, 8:10] == -1).all()
+    assert p.apply(lambda b: b, nodata=-1).dtype == np.int16  # the default, now possible
+    with pytest.raises(OptionError, match=r"nodata value -1 .*does not fit.*uint8"):
+        p.apply(lambda b: b, out_dtype="uint8", nodata=-1)
+
+
+def test_nan_from_fn_without_nodata_is_refused_when_computed(image):
+    p = image.chunk({"y": 13, "x": 16}).patch(y=8, x=8, stride=5)
+
+    def holes(b):
+        b = b.copy()
+        b[:, :, 0, 0] = np.nan
+        return b
+
+    out = p.apply(holes, out_dtype="uint8")
+    with pytest.raises(PredictionError, match="fn returned NaN"):
+        out.compute()
+    filled = image.patch(y=8, x=8, stride=8).apply(holes, out_dtype="uint8", nodata=255)
+    assert (filled.values[:, 0, 0] == 255).all()
+
+
+def brute_force_labels(p, fn, n):
+    blended = p.apply(fn, output_dims={"class": n}, dtype="float64", out_dtype="float64")
+    return np.argmax(blended.values, axis=0)
+
+
+@pytest.mark.parametrize("window", ["hann", "boxcar"])
+def test_argmax_equals_the_argmax_of_the_blended_scores(image, window):
+    eager, lazy = both(image, y=8, x=8, stride=5, window=window)
+    with forbid_compute():
+        labels_lazy = lazy.apply(
+            five_class, batch_size=7, output_dims={"class": 5}, reduce="argmax"
+        )
+    labels = eager.apply(five_class, output_dims={"class": 5}, reduce="argmax")
+    assert labels.dims == labels_lazy.dims == ("y", "x")
+    assert labels.dtype == labels_lazy.dtype == np.uint8
+    expected = brute_force_labels(eager, five_class, 5)
+    assert len(np.unique(expected)) > 2
+    np.testing.assert_array_equal(labels.values, expected)
+    np.testing.assert_array_equal(labels_lazy.values, expected)
+    np.testing.assert_array_equal(labels.y, image.y)
+
+
+def test_argmax_label_dtype_ties_and_options(image):
+    p = image.patch(y=8, x=8, stride=5)
+    many = p.apply(lambda b: np.zeros((len(b), 300, 8, 8)), output_dims={"c": 300}, reduce="argmax")
+    assert many.dtype == np.uint16 and (many.values == 0).all()  # ties: the first index
+    wide = p.apply(five_class, output_dims={"class": 5}, reduce="argmax", out_dtype="int16")
+    assert wide.dtype == np.int16
+    with pytest.raises(OptionError, match=r"one class dim.*output_dims=\{'class'"):
+        p.apply(lambda b: b[:, :1], output_dims={"a": 1, "b": 1}, reduce="argmax")
+    with pytest.raises(OptionError, match=r"cannot hold the labels 0\.\.299"):
+        p.apply(lambda b: b, output_dims={"c": 300}, reduce="argmax", out_dtype="uint8")
+    with pytest.raises(OptionError, match="cannot hold the labels"):
+        p.apply(five_class, output_dims={"class": 5}, reduce="argmax", out_dtype="float32")
+    gaps = image.patch(y=8, x=8, stride=10, boundary="drop")
+    with pytest.raises(OptionError, match=r"labels of reduce='argmax'.*nodata="):
+        gaps.apply(five_class, output_dims={"class": 5}, reduce="argmax")
+    out = gaps.apply(five_class, output_dims={"class": 5}, reduce="argmax", nodata=255)
+    assert out.dtype == np.uint8 and (out.values[8:10] == 255).all()
+    assert (out.values[:8, :8] < 5).all()
+
+
+@pytest.mark.parametrize("bad", ["uint9", "bool", "U3"])
+def test_bad_out_dtype_names_the_fix(image, bad):
+    with pytest.raises(OptionError, match=f"out_dtype='{bad}'"):
+        image.patch(y=8, x=8).apply(lambda b: b, out_dtype=bad)
