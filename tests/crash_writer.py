@@ -351,6 +351,11 @@ def main(argv: list[str] | None = None) -> None:
             "secret": "y",
             "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"},
         }
+    # Two writer threads on any machine: the tests bound how many markers can be in
+    # flight when the process dies by this number.
+    import dask
+
+    dask.config.set(num_workers=2)
     lazy = result(args.model, geo=args.format == "geotiff")
     warm_up(args.format)
     start = [0.0]

@@ -327,10 +327,12 @@ def check_outcomes(outcomes: list[Outcome], min_random_completed: float = 0.5) -
     for o in outcomes:
         if o.case.point is not None:
             assert (o.state, o.rerun) == EXPECTED[o.case.point], report
+            # The writer runs 2 threads: when one dies at its marker, the other's may be
+            # counted but still in flight, and die unwritten.
             if o.case.point == "block":
-                assert o.markers >= o.case.at - 1, report
+                assert o.markers >= o.case.at - 2, report
             if o.case.point == "marker":
-                assert o.markers >= o.case.at, report
+                assert o.markers >= o.case.at - 1, report
     random = [o for o in outcomes if o.case.point is None]
     assert sum(o.signalled for o in random) >= len(random) / 2, report  # mostly mid-run
     completed = [o for o in random if o.rerun in ("written", "exists")]

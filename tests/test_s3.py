@@ -213,7 +213,9 @@ def test_a_killed_writer_process_on_s3_is_taken_over_and_completed(
         writer.stop()
     assert code == -signal.SIGKILL, err
     done = markers(fs, f"{prefix}/o.zarr")
-    assert len(done) >= 5
+    # Killed before the 6th marker; with 2 writer threads the 5th PUT may have been in
+    # flight and died unwritten.
+    assert 4 <= len(done) <= 5, done
     assert fs.exists(f"{prefix}/o.zarr/.xpatch/lock.json")  # the killed writer's
 
     with pytest.raises(xpatch.OutputLockedError, match="no longer runs") as caught:
