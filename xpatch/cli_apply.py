@@ -97,7 +97,9 @@ def add_apply_command(commands: argparse._SubParsersAction) -> argparse.Argument
     apply.add_argument(
         "--output-dims",
         default=None,
-        help="FN's non-patched output dims, e.g. class=5 ('' for none; default: the input's)",
+        help="FN's non-patched output dims, e.g. class=5 ('' for none; default: the input's); "
+        "for an FN returning a dict, per key: 'seg:class=3;unc:' (OUTPUT then a .zarr "
+        "with a variable per key)",
     )
     apply.add_argument("--dtype", default=None, help="FN's output dtype (default: the input's)")
     apply.add_argument(
@@ -248,9 +250,25 @@ def _readable(path: Path, kind: str, *errors: type[Exception]) -> Iterator[None]
         ) from None
 
 
-def _output_dims(text: str | None) -> dict[str, int] | None:
+def _output_dims(text: str | None) -> dict[str, int] | dict[str, dict[str, int]] | None:
+    """``--output-dims``: ``class=5``, or per output of a dict-returning FN ``seg:class=3;unc:``."""
     if text is None:
         return None
+    if ":" in text:
+        outputs = {}
+        for item in text.split(";"):
+            name, sep, dims = item.partition(":")
+            if not sep or not name.strip():
+                raise OptionError(
+                    f"--output-dims {text!r}: for several outputs give each as NAME:DIMS, "
+                    "separated by ';', e.g. 'seg:class=3;unc:' ('NAME:' for none)."
+                )
+            outputs[name.strip()] = _dims(dims, text)
+        return outputs
+    return _dims(text, text)
+
+
+def _dims(text: str, whole: str) -> dict[str, int]:
     if text == "":
         return {}
     dims = {}
@@ -258,8 +276,8 @@ def _output_dims(text: str | None) -> dict[str, int] | None:
         name, sep, size = item.partition("=")
         if not sep or not name or not size.isdigit() or int(size) < 1:
             raise OptionError(
-                f"--output-dims {text!r} must look like 'class=5' or 'class=5,time=2' "
-                "(or '' for none)."
+                f"--output-dims {whole!r} must look like 'class=5' or 'class=5,time=2' "
+                "(or '' for none; 'seg:class=3;unc:' for an FN returning a dict)."
             )
         dims[name.strip()] = int(size)
     return dims
@@ -279,12 +297,17 @@ def run_apply(args: argparse.Namespace) -> int:
         return usage_error("apply", str(error))
     if args.restart and args.force_resume:
         return usage_error("apply", "--restart and --force-resume exclude each other; pick one.")
-    name = Path(args.output).stem if result.name is None else result.name
+    if isinstance(result, xr.Dataset):  # several outputs: a variable per key
+        name = ", ".join(str(n) for n in result.data_vars)
+        named = result
+    else:
+        name = Path(args.output).stem if result.name is None else result.name
+        named = result.rename(name)
     start = time.perf_counter()
     try:
         with _sigterm_exits():
             blocks = xpatch.write(
-                result.rename(name),
+                named,
                 args.output,
                 resume="force" if args.force_resume else not args.restart,
                 overwrite=args.restart,
@@ -295,10 +318,14 @@ def run_apply(args: argparse.Namespace) -> int:
     except XPatchError as error:
         return usage_error("apply", str(error))
     seconds = time.perf_counter() - start
+    if isinstance(result, xr.Dataset):
+        dtypes = ", ".join(sorted({str(v.dtype) for v in result.data_vars.values()}))
+    else:
+        dtypes = str(result.dtype)
     print(
         f"xpatch apply: {len(p)} patches of {args.size} along {dims}, stride {stride}, "
         f"window {args.window!r}; wrote {blocks} blocks of {name} "
-        f"({format_sizes(dict(result.sizes))}) {result.dtype} to {args.output} in {seconds:.1f} s"
+        f"({format_sizes(dict(result.sizes))}) {dtypes} to {args.output} in {seconds:.1f} s"
     )
     return 0
 
@@ -385,6 +412,12 @@ def _plan_apply(args: argparse.Namespace) -> tuple:
         out_dtype=args.out_dtype,
     )
     if Path(args.output).suffix.lower() in GEOTIFF_SUFFIXES:
+        if isinstance(result, xr.Dataset):
+            raise OptionError(
+                f"OUTPUT {args.output!r} is a GeoTIFF, which holds one result, but FN "
+                f"{args.fn!r} returns the outputs {list(result.data_vars)!r}; write them to "
+                "a .zarr OUTPUT (one store, a variable per output)."
+            )
         result = _geotiff_result(result, args)
     return p, result, dims, stride
 

@@ -17,6 +17,7 @@ from numpy.typing import DTypeLike
 
 from xpatch.cf import applied, check_nodata_option
 from xpatch.core.apply import BatchFunction, apply_dask, apply_numpy
+from xpatch.core.apply_outputs import apply_dask_outputs, apply_numpy_outputs
 from xpatch.core.errors import DimensionError, OptionError
 from xpatch.core.extract import check_pad_value
 from xpatch.core.overlap_add import Reduction, check_reduction
@@ -31,11 +32,16 @@ from xpatch.stored import (
     default_out_dtype,
     label_dtype,
 )
-from xpatch.variables import data_token
+from xpatch.variables import check_apply_dtype, data_token
 from xpatch.views import PATCH_DIM
 
 if TYPE_CHECKING:
     from xpatch.patcher import Patcher
+
+#: ``apply``'s ``output_dims``: ``{dim: size}``, or per output ``{name: {dim: size} | None}``.
+OutputDims = Mapping[Hashable, int] | Mapping[str, Mapping[Hashable, int] | None]
+#: ``apply``'s ``dtype`` and ``out_dtype``: a dtype, or per output ``{name: dtype | None}``.
+OutputDTypes = DTypeLike | Mapping[str, DTypeLike | None]
 
 #: ``apply``'s reductions: :meth:`reconstruct`'s, and ``"argmax"`` (a label map of scores).
 ApplyReduction = Reduction | Literal["argmax"]
@@ -70,13 +76,13 @@ def apply(
     fn: BatchFunction,
     batch_size: int = 64,
     *,
-    output_dims: Mapping[Hashable, int] | None = None,
-    dtype: DTypeLike | None = None,
+    output_dims: OutputDims | None = None,
+    dtype: OutputDTypes | None = None,
     reduce: ApplyReduction = "mean",
     nodata: float | Literal["input"] | None = "input",
     pad_batch: bool = False,
-    out_dtype: DTypeLike | None = None,
-) -> xr.DataArray:
+    out_dtype: OutputDTypes | None = None,
+) -> xr.DataArray | xr.Dataset:
     """Run ``fn`` over every patch in batches and blend the results onto the grid.
 
     Sliding-window inference: patches are cut group by group (one group per
@@ -109,6 +115,19 @@ def apply(
         The non-patched dims of ``fn``'s output and their sizes, in order, e.g.
         ``{"class": 5}``. Default: the input's non-patched dims (``fn`` keeps
         them). Declared, not discovered: nothing is computed to find them.
+
+        **Several outputs.** A ``fn`` that returns a dict of arrays (e.g.
+        ``{"seg": (b, 3, *patch), "unc": (b, *patch)}``) declares its keys by
+        ``output_dims={"seg": {"class": 3}, "unc": {}}`` (a dict of dicts; None
+        for the input's non-patched dims), or else by a dict ``dtype`` or
+        ``out_dtype``. ``dtype`` and ``out_dtype`` may then be dicts keyed like
+        it (a plain value applies to every output, a missing key takes the
+        default). ``fn`` runs once per batch for all outputs, and each is
+        blended as a single-output ``apply`` would blend it, with the same
+        ``reduce``; the result is a Dataset with a variable per key. Keys are
+        non-empty strings without ``'/'``; outputs that name the same dim give
+        it the same size. A returned key that was not declared, a declared key
+        missing, or a non-dict return raise a :class:`~xpatch.PredictionError`.
     dtype
         dtype of ``fn``'s output; default the input's dtype. Each batch ``fn``
         returns is checked, then cast: it must be of the declared kind (bool,
@@ -159,13 +178,14 @@ def apply(
 
     Returns
     -------
-    xarray.DataArray
+    xarray.DataArray or xarray.Dataset
         ``(*output_dims, *patched dims)`` on the input's grid (in the input's
         dim order when the output keeps its dims), with its coordinates (CRS
         and transform included) and attributes, less those that say how
         stored values are read (``scale_factor``, ``add_offset``, ...: see
         :data:`xpatch.cf.VALUE_ENCODING_ATTRS`), and with ``nodata`` as ``_FillValue``.
-        Lazy for dask input, computed for numpy input.
+        Lazy for dask input, computed for numpy input. For several outputs, a
+        Dataset of such variables, one per output.
 
     Examples
     --------
@@ -190,6 +210,13 @@ def apply(
     (('y', 'x'), dtype('uint8'), [1, 1, 1, 0])
     >>> p.apply(lambda b: b / 4, out_dtype="int16").isel(band=0).values[0].tolist()
     [0, 0, 0, 1]
+
+    Several outputs from one call of ``fn`` per batch, as a Dataset:
+
+    >>> two = p.apply(lambda b: {"score": b[:, :1] * 2, "mean": b.mean(axis=1)},
+    ...               output_dims={"score": {"s": 1}, "mean": {}}, dtype="float32")
+    >>> sorted(two.data_vars), two["score"].dims, two["mean"].dtype
+    (['mean', 'score'], ('s', 'y', 'x'), dtype('float32'))
 
     A 3-point mean filter over reflect-padded patches, in batches of exactly 2:
 
@@ -219,6 +246,82 @@ def apply(
     argmax = isinstance(reduce, str) and reduce == "argmax"
     reduce = "mean" if argmax else check_reduction(reduce)  # argmax blends as the mean
     nodata = check_nodata_option(nodata)
+    names = output_names(output_dims, dtype, out_dtype)
+    specs = {
+        name: _output_spec(
+            p,
+            pick(output_dims, name, names, dims=True),
+            pick(dtype, name, names),
+            pick(out_dtype, name, names),
+            reduce,
+            argmax,
+            nodata,
+        )
+        for name in (names or [None])
+    }
+    if names is not None:
+        for name in names:
+            check_apply_dtype(obj, pick(dtype, name, names))
+        check_output_layout(p, specs)
+    carried = [d for d in obj.dims if d not in p.dims]
+    data = obj.transpose(*carried, *p.dims).data
+    common = dict(
+        plan=p.plan,
+        pad_value=check_pad_value(p.pad_value, obj.dtype),
+        fn=fn,
+        batch_size=batch_size,
+        window=p.blend_window,
+        reduce=reduce,
+        pad_mode=p.pad_mode,
+        pad_batch=bool(pad_batch),
+    )
+    lazy = isinstance(data, da.Array)
+    if names is None:
+        dims, declared, _ = specs[None]
+        lead = [int(n) for n in dims.values()]
+        run = apply_dask if lazy else apply_numpy
+        data = data if lazy else np.asarray(data)
+        arrays = {None: run(data, lead_shape=lead, dtype=declared, **common)}
+    else:
+        outputs = {n: ([int(s) for s in d.values()], t) for n, (d, t, _) in specs.items()}
+        run = apply_dask_outputs if lazy else apply_numpy_outputs
+        arrays = run(data if lazy else np.asarray(data), outputs=outputs, **common)
+    results = {}
+    for name, (dims, declared, stored) in specs.items():
+        out = _dress(p, arrays[name], dims, argmax, nodata, stored)
+
+        def facts(name=name, dims=dims, declared=declared, out=out) -> dict:
+            return {
+                "input": data_token(obj.variable),
+                "model (fn)": describe_callable(fn),
+                **layout_facts(p),
+                **({} if name is None else {"output": name}),
+                "output_dims": dims,
+                "dtype": str(declared),
+                "reduce": "argmax" if argmax else reduce,
+                "nodata": nodata,
+                "out_dtype": str(out.dtype),
+                "pad_mode": p.pad_mode,
+            }
+
+        note_result(out, facts)
+        results[name] = out
+    if names is None:
+        return results[None]
+    return xr.Dataset(results)
+
+
+def _output_spec(
+    p: Patcher,
+    output_dims: Mapping[Hashable, int] | None,
+    dtype: DTypeLike | None,
+    out_dtype: DTypeLike | None,
+    reduce: Reduction,
+    argmax: bool,
+    nodata: float | Literal["input"] | None,
+) -> tuple[dict[Hashable, int], np.dtype, np.dtype | None]:
+    """One output's non-patched dims, declared dtype and stored dtype, checked."""
+    obj = p.obj
     output_dims = check_output_dims(p, output_dims)
     try:
         dtype = obj.dtype if dtype is None else np.dtype(dtype)
@@ -242,45 +345,105 @@ def apply(
         stored = default_out_dtype(dtype, reduce, p, obj, nodata)
     else:
         check_stored_nodata(stored, p, obj, nodata, f"out_dtype={out_dtype!r}")
-    carried = [d for d in obj.dims if d not in p.dims]
-    data = obj.transpose(*carried, *p.dims).data
-    common = dict(
-        plan=p.plan,
-        pad_value=check_pad_value(p.pad_value, obj.dtype),
-        fn=fn,
-        batch_size=batch_size,
-        lead_shape=[int(n) for n in output_dims.values()],
-        dtype=dtype,
-        window=p.blend_window,
-        reduce=reduce,
-        pad_mode=p.pad_mode,
-        pad_batch=bool(pad_batch),
-    )
-    if isinstance(data, da.Array):
-        out = apply_dask(data, **common)
-    else:
-        out = apply_numpy(np.asarray(data), **common)
+    return output_dims, dtype, stored
+
+
+def _dress(
+    p: Patcher,
+    out: np.ndarray | da.Array,
+    output_dims: dict[Hashable, int],
+    argmax: bool,
+    nodata: float | Literal["input"] | None,
+    stored: np.dtype | None,
+) -> xr.DataArray:
+    """One output's blend as a DataArray on the input's grid, with its nodata and dtype."""
+    obj = p.obj
     if argmax:  # the class dim (first) gives way to the index of its largest score
         out = argmax_labels(out, axis=0)
     result = xr.Variable((*({} if argmax else output_dims), *p.dims), out)
     if set(result.dims) == set(obj.dims):
         result = result.transpose(*obj.dims)
     coords = output_coords(p, xr.Dataset(), dict(zip(result.dims, result.shape)))
-    out = applied(result, obj, coords, nodata)
-    if stored is not None:
-        out = cast_stored(out, stored)
-    note_result(
-        out,
-        lambda: {
-            "input": data_token(obj.variable),
-            "model (fn)": describe_callable(fn),
-            **layout_facts(p),
-            "output_dims": output_dims,
-            "dtype": str(dtype),
-            "reduce": "argmax" if argmax else reduce,
-            "nodata": nodata,
-            "out_dtype": str(out.dtype),
-            "pad_mode": p.pad_mode,
-        },
+    dressed = applied(result, obj, coords, nodata)
+    return dressed if stored is None else cast_stored(dressed, stored)
+
+
+def output_names(output_dims: object, dtype: object, out_dtype: object) -> list[str] | None:
+    """Return the names of ``fn``'s outputs when declared by dicts, else None (one output).
+
+    ``output_dims`` declares several outputs when its values are mappings (or
+    None), ``dtype`` and ``out_dtype`` when they are dicts. The first of them
+    that does gives the names; the others may only use those names.
+
+    Examples
+    --------
+    >>> output_names({"seg": {"class": 3}, "unc": {}}, "float32", None)
+    ['seg', 'unc']
+    >>> output_names({"class": 3}, None, None) is None
+    True
+    """
+    declared = []
+    if per_output(output_dims):
+        declared.append(("output_dims", list(output_dims)))
+    for what, value in (("dtype", dtype), ("out_dtype", out_dtype)):
+        if isinstance(value, Mapping):
+            declared.append((what, list(value)))
+    if not declared:
+        return None
+    what, names = declared[0]
+    if not names:
+        raise OptionError(f"{what}={{}} declares no output; name fn's outputs, or pass a value.")
+    bad = [n for n in names if not isinstance(n, str) or not n or "/" in n]
+    if bad:
+        raise OptionError(
+            f"{what} names the outputs {bad!r}, which are not usable as variable names: use "
+            "non-empty strings without '/', e.g. {'seg': {'class': 3}, 'unc': {}}."
+        )
+    for other, keys in declared[1:]:
+        unknown = [k for k in keys if k not in names]
+        if unknown:
+            raise OptionError(
+                f"{other} names the outputs {unknown!r}, which {what} does not declare "
+                f"({names!r}); use the same keys, or add them to {what}."
+            )
+    return names
+
+
+def per_output(output_dims: object) -> bool:
+    """Tell whether ``output_dims`` is keyed by output names (its values are mappings)."""
+    return (
+        isinstance(output_dims, Mapping)
+        and bool(output_dims)
+        and all(v is None or isinstance(v, Mapping) for v in output_dims.values())
     )
-    return out
+
+
+def pick(value: object, name: str | None, names: list[str] | None, dims: bool = False) -> object:
+    """Return the part of a dict option for output ``name`` (a plain value applies to all).
+
+    ``dims``: ``value`` is ``output_dims``, a plain mapping unless keyed by outputs.
+    """
+    if names is None or not (per_output(value) if dims else isinstance(value, Mapping)):
+        return value
+    return value.get(name)
+
+
+def check_output_layout(p: Patcher, specs: Mapping[str, tuple]) -> None:
+    """Refuse several outputs that cannot share one Dataset with the input's coordinates."""
+    taken = set(p.obj.dims) | set(p.obj.coords)
+    taken |= {dim for dims, _, _ in specs.values() for dim in dims}
+    sizes: dict[Hashable, tuple[str, int]] = {}
+    for name, (dims, _, _) in specs.items():
+        if name in taken:
+            raise OptionError(
+                f"the output name {name!r} is also a dim or coordinate of the result; "
+                "rename that output (e.g. to 'pred_' + name)."
+            )
+        for dim, n in dims.items():
+            first, size = sizes.setdefault(dim, (name, n))
+            if size != n:
+                raise OptionError(
+                    f"outputs {first!r} and {name!r} give the dim {dim!r} sizes {size} and {n}; "
+                    "outputs share one Dataset, so name their dims apart (e.g. "
+                    f"{{{name!r}: {{'{dim}_{name}': {n}}}}})."
+                )

@@ -64,6 +64,38 @@ class StoreTasks:
         self.dependencies: list = []
 
 
+def wave_order(dataset: Any) -> Any:
+    """Return ``order(dims, index)``: a block's place in the write's waves.
+
+    The index is taken along every dim of ``dataset`` (0 where a variable lacks
+    one), the dims most variables share first: the blocks of several variables
+    over the same region (the outputs of one ``apply``, which share their patch
+    groups) are then written in the same wave, and each group is computed once.
+    One data variable keeps the order of its block indices.
+
+    Examples
+    --------
+    >>> import xarray as xr, numpy as np
+    >>> ds = xr.Dataset({"a": (("c", "y"), np.zeros((2, 3))), "b": ("y", np.zeros(3))})
+    >>> order = wave_order(ds)
+    >>> order(("c", "y"), (0, 2)), order(("y",), (2,))
+    ((2, 0), (2, 0))
+    """
+    shared: dict = {}
+    for var in dataset.data_vars.values():
+        for dim in var.dims:
+            shared[dim] = shared.get(dim, 0) + 1
+    for dim in dataset.dims:
+        shared.setdefault(dim, 0)
+    dims = sorted(shared, key=lambda d: -shared[d])  # stable: first seen first among ties
+
+    def order(var_dims: tuple, index: tuple) -> tuple:
+        where = dict(zip(var_dims, index))
+        return tuple(where.get(d, 0) for d in dims)
+
+    return order
+
+
 @contextlib.contextmanager
 def _record_ignored() -> Any:
     """Silence zarr's notice that the record's folder is not part of the hierarchy."""
@@ -167,6 +199,7 @@ class ZarrOutput:
         group = zarr.open_group(self.store, mode="r+")
         tasks = StoreTasks(tokenize(self.dataset, self.location.name))
         fs = self.location.fs
+        order = wave_order(self.dataset)
         # Data variables, and coordinates backed by dask, which to_zarr(compute=False)
         # leaves unwritten.
         for var_name, var in self.dataset.variables.items():
@@ -180,7 +213,7 @@ class ZarrOutput:
                 if marker in done:
                     continue
                 key = (tasks.name, str(var_name), *index)
-                tasks.indices[key] = index
+                tasks.indices[key] = order(var.dims, index)
                 tasks.tasks[key] = (
                     _store_zarr_block,
                     (data.name, *index),

@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 import numpy as np
 import xarray as xr
-from numpy.typing import DTypeLike
 
 from xpatch import inference, predictions, views
 from xpatch.core.apply import BatchFunction
@@ -530,13 +529,13 @@ class Patcher(Generic[T]):
         fn: BatchFunction,
         batch_size: int = 64,
         *,
-        output_dims: Mapping[Hashable, int] | None = None,
-        dtype: DTypeLike | None = None,
+        output_dims: inference.OutputDims | None = None,
+        dtype: inference.OutputDTypes | None = None,
         reduce: inference.ApplyReduction = "mean",
         nodata: float | Literal["input"] | None = "input",
         pad_batch: bool = False,
-        out_dtype: DTypeLike | None = None,
-    ) -> xr.DataArray:
+        out_dtype: inference.OutputDTypes | None = None,
+    ) -> xr.DataArray | xr.Dataset:
         check_apply_dtype(self._obj, dtype)
         return inference.apply(self, fn, batch_size, output_dims=output_dims, dtype=dtype,
                                reduce=reduce, nodata=nodata, pad_batch=pad_batch,

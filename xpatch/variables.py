@@ -289,8 +289,8 @@ def check_apply_dtype(obj: xr.DataArray | xr.Dataset, dtype: object) -> None:
     ``dtype`` is ``apply``'s argument (None: the input's dtype). Text that is no
     dtype, and Dataset input, are left to ``apply``'s own checks. Reads dtypes only.
     """
-    if not isinstance(obj, xr.DataArray):
-        return
+    if not isinstance(obj, xr.DataArray) or isinstance(dtype, Mapping):
+        return  # several outputs: apply checks each output's dtype
     if dtype is not None:
         try:
             declared = np.dtype(dtype)
