@@ -18,6 +18,7 @@ does to its format:
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import threading
 import warnings
@@ -30,9 +31,9 @@ import numpy as np
 import xarray as xr
 from dask.base import tokenize
 
-from xpatch.core.errors import MissingDependencyError, OutputError
+from xpatch.core.errors import MissingDependencyError, OutputError, OutputExistsError
 from xpatch.core.plan import block_regions
-from xpatch.record import ProgressRecord, WriterLock, write_marker
+from xpatch.record import ProgressRecord, WriterLock, read_bytes, write_marker
 from xpatch.stores import Location
 from xpatch.waves import STORE_TASK_PREFIX, active_client
 
@@ -141,14 +142,10 @@ class ZarrOutput:
 
     def looks_finished(self) -> bool:
         """Tell whether the store's metadata was consolidated, as a finished write does."""
-        import json
-
-        from xpatch.record import read_bytes
-
         data = read_bytes(self.location.fs, self.location.join("zarr.json"))
         try:
             return bool(json.loads(data or b"{}").get("consolidated_metadata"))
-        except ValueError:
+        except (ValueError, AttributeError):  # not JSON, or not an object
             return False
 
     def prepare(self, overwrite: bool) -> None:
@@ -156,8 +153,6 @@ class ZarrOutput:
         fs, root = self.location.fs, self.location.root
         if fs.isfile(root):
             if not overwrite:
-                from xpatch.core.errors import OutputExistsError
-
                 raise OutputExistsError(
                     f"{self.location.name!r} is a file, not a zarr store; pass overwrite=True "
                     "to replace it, or choose another output path."
