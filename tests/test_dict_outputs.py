@@ -7,6 +7,8 @@ import textwrap
 import dask
 import numpy as np
 import pytest
+import rasterio
+import rioxarray  # noqa: F401 (the .rio accessor)
 import xarray as xr
 
 import xpatch
@@ -203,8 +205,51 @@ def test_cli_writes_one_zarr_store_with_a_variable_per_key(tmp_path, capsys):
     assert sorted(written.data_vars) == ["first", "total"]
     np.testing.assert_allclose(written["total"].isel(s=0), raster.sum("band"), rtol=1e-12)
     np.testing.assert_allclose(written["first"], raster.isel(band=0), rtol=1e-12)
-    # A GeoTIFF cannot hold several outputs: refused before any work.
+    # A GeoTIFF holds them as bands: one per output (and per entry of its dim).
     tif = ["apply", str(tmp_path / "in.zarr"), str(tmp_path / "o.tif"), "--fn", f"{model}:heads"]
-    assert main([*tif, *options, "--no-progress"]) == 2
-    err = capsys.readouterr().err
-    assert "'total'" in err and "'first'" in err and ".zarr" in err, err
+    assert main([*tif, *options, "--no-progress"]) == 0, capsys.readouterr().err
+    with rasterio.open(tmp_path / "o.tif") as src:
+        assert src.count == 2 and src.descriptions == ("total:s=0", "first")
+        np.testing.assert_allclose(src.read(1), raster.sum("band"), rtol=1e-6)
+        np.testing.assert_allclose(src.read(2), raster.isel(band=0), rtol=1e-6)
+
+
+def test_written_to_one_geotiff_with_a_band_per_output_and_class(tmp_path):
+    data = lazy_temperature(seed=3).rio.write_crs("EPSG:32633")
+    p = data.patch(y=8, x=8, stride=4, window="hann")
+    ds = p.apply(TwoHeads(), output_dims=DIMS, dtype="float32")
+    expected = p.apply(TwoHeads(), output_dims=DIMS, dtype="float32").compute()
+    xpatch.write(ds, tmp_path / "o.tif", progress=False)
+    with rasterio.open(tmp_path / "o.tif") as src:
+        assert src.count == 4 and src.dtypes == ("float32",) * 4
+        assert src.descriptions == ("seg:class=0", "seg:class=1", "seg:class=2", "unc")
+        assert src.crs == "EPSG:32633" and src.transform == ds.rio.transform()
+        values = src.read()
+    np.testing.assert_array_equal(values[:3], expected["seg"].values)
+    np.testing.assert_array_equal(values[3], expected["unc"].values)
+
+
+def test_geotiff_bands_keep_labels_exact_and_nodata_as_nodata(tmp_path):
+    """uint8 labels beside float32 scores: float32 holds the labels; their nodata turns NaN."""
+    labels = xr.DataArray(np.array([[0, 1], [255, 2]], "uint8"), dims=("y", "x"),
+                          attrs={"_FillValue": 255})  # fmt: skip
+    scores = xr.DataArray(np.array([[0.5, 1.5], [2.5, 3.5]], "float32"), dims=("y", "x"))
+    xpatch.write(xr.Dataset({"label": labels, "score": scores}), tmp_path / "b.tif",
+                 progress=False)  # fmt: skip
+    with rasterio.open(tmp_path / "b.tif") as src:
+        assert np.isnan(src.nodata) and src.descriptions == ("label", "score")
+        np.testing.assert_array_equal(src.read(1), [[0, 1], [np.nan, 2]])
+    ints = xr.Dataset({"a": labels, "b": labels.copy(data=labels.values.astype("uint16"))})
+    xpatch.write(ints, tmp_path / "i.tif", progress=False)
+    with rasterio.open(tmp_path / "i.tif") as src:
+        assert src.dtypes == ("uint16", "uint16") and src.nodata == 255
+    with pytest.raises(xpatch.OptionError, match=r"nodata values differ"):
+        other = labels.assign_attrs(_FillValue=0)
+        xpatch.write(xr.Dataset({"a": labels, "b": other}), tmp_path / "d.tif", progress=False)
+    with pytest.raises(xpatch.OptionError, match=r"\['big'\] \(int64\) do not fit.*float64"):
+        big = xr.DataArray(np.array([[2**60, 1], [2, 3]]), dims=("y", "x"))
+        xpatch.write(xr.Dataset({"big": big, "s": scores}), tmp_path / "e.tif", progress=False)
+    with pytest.raises(xpatch.OptionError, match=r"one GeoTIFF holds one grid"):
+        small = scores.rename(x="lon").isel(lon=[0])
+        xpatch.write(xr.Dataset({"s": scores, "t": small}), tmp_path / "f.tif", progress=False)
+    assert not list(tmp_path.glob("[def].tif*"))

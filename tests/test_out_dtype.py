@@ -145,3 +145,34 @@ def test_argmax_label_dtype_ties_and_options(image):
 def test_bad_out_dtype_names_the_fix(image, bad):
     with pytest.raises(OptionError, match=f"out_dtype='{bad}'"):
         image.patch(y=8, x=8).apply(lambda b: b, out_dtype=bad)
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+def test_reconstruct_argmax_equals_apply_argmax(image, lazy):
+    """reconstruct(reduce='argmax') of the class scores of p.patches() is apply's label map."""
+    p = (image.chunk({"y": 13, "x": 16}) if lazy else image).patch(y=8, x=8, stride=5)
+    pred = p.patches()
+    class_scores = xr.apply_ufunc(
+        five_class, pred, input_core_dims=[["band", "y", "x"]],
+        output_core_dims=[["class", "y", "x"]], dask="parallelized",
+        dask_gufunc_kwargs={"output_sizes": {"class": 5}}, output_dtypes=[float],
+    )  # fmt: skip
+    with forbid_compute():
+        labels = p.reconstruct(class_scores, reduce="argmax")
+    applied = p.apply(five_class, output_dims={"class": 5}, reduce="argmax")
+    assert labels.dims == ("y", "x") and labels.dtype == np.uint8
+    np.testing.assert_array_equal(labels.values, applied.values)
+    blended = p.reconstruct(class_scores).values
+    np.testing.assert_array_equal(labels.values, blended.argmax(axis=0))
+
+
+def test_reconstruct_argmax_without_a_label_everywhere_is_float_with_nan(image):
+    p = image.patch(y=8, x=8, stride=10, boundary="drop")  # gaps: uncovered cells
+    scores = xr.concat([p.patches().isel(band=0), p.patches().isel(band=1)], dim="class")
+    labels = p.reconstruct(scores, reduce="argmax")
+    assert labels.dtype == np.float64 and np.isnan(labels.values).any()
+    covered = ~np.isnan(labels.values)
+    expected = (image.values[1] > image.values[0]).astype(float)
+    np.testing.assert_array_equal(labels.values[covered], expected[covered])
+    with pytest.raises(PredictionError, match=r"one class dim; pred has 0 dims"):
+        p.reconstruct(p.patches().isel(band=0), reduce="argmax")

@@ -238,23 +238,3 @@ def test_lazy_input_reads_chunks_from_the_far_side_for_wrap():
     da = xr.DataArray(values, dims="x")
     p = da.patch(x=8, stride=8, boundary="pad", pad_mode="wrap")
     np.testing.assert_array_equal(p.patches().values[-1], [16, 17, 18, 19, 0, 1, 2, 3])
-
-
-def test_matches_monai_sliding_window_inference(image):
-    monai = pytest.importorskip("monai")
-    torch = pytest.importorskip("torch")
-    from monai.inferers import sliding_window_inference
-
-    x = torch.from_numpy(image.values[None, None])
-
-    def predictor(batch):
-        return torch.from_numpy(mean3x3(batch.numpy()))
-
-    theirs = sliding_window_inference(
-        x, (32, 32), 4, predictor, overlap=0.25, mode="constant", padding_mode="reflect"
-    )[0, 0].numpy()
-    p = image.patch(y=32, x=32, stride=24, boundary="pad", pad_mode="reflect")
-    ours = p.apply(mean3x3).values
-    assert monai is not None
-    # Where the layouts agree (the interior, away from MONAI's own edge placement).
-    np.testing.assert_allclose(ours[:72, :72], theirs[:72, :72], rtol=1e-6)

@@ -1,4 +1,4 @@
-"""reconstruct(pred, weights=...): per-patch and per-cell weights multiplied into the window.
+"""weights=: per-patch and per-cell weights multiplied into the window, in reconstruct and apply.
 
 Inverse-variance weighting against a brute force, numpy and dask alike (and lazy while
 building), weights chunked otherwise than the predictions, zero weights, the refusals
@@ -227,3 +227,85 @@ def test_numpy_and_dask_agree_on_random_layouts(data):
     with forbid_compute():
         lazy = reconstruct(p, pred.chunk(patch=c), weights=dsa.from_array(w, chunks=max(1, c - 1)))
     np.testing.assert_allclose(lazy.values, eager.values, rtol=1e-10, atol=1e-12)
+
+
+# -- apply(weights=...) ---------------------------------------------------------------
+
+OPTIONS = dict(y=6, x=5, stride=3, window="hann")
+
+
+def noisy_model(batch: np.ndarray) -> dict[str, np.ndarray]:
+    """A mean and an inverse variance that differ per patch and per cell."""
+    variance = 1.0 + np.abs(np.sin(batch.sum(axis=1)))  # (b, y, x)
+    return {"mean": batch + variance[:, None], "w": 1.0 / variance}
+
+
+def shifted(batch: np.ndarray) -> np.ndarray:
+    """Patches that disagree where they overlap: each is shifted by its own mean."""
+    return batch * 2 + batch.mean(axis=(1, 2, 3))[:, None, None, None]
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+def test_apply_weights_from_fn_equal_the_brute_force(layout, lazy):
+    """weights='w': the weights fn returns per cell weigh the mean as reconstruct's do."""
+    scene, _ = layout
+    p = (scene.chunk(y=8, x=7) if lazy else scene).patch(**OPTIONS)
+    with forbid_compute():
+        out = p.apply(noisy_model, output_dims={"mean": None}, weights="w")
+    assert list(out.data_vars) == ["mean"]
+    result = noisy_model(p.patches().values)
+    expected = brute_weighted(
+        result["mean"], result["w"][:, None], p.anchors().values, p.weights().values, (21, 18)
+    )
+    np.testing.assert_allclose(out["mean"].values, expected, rtol=1e-10)
+    pred = xr.DataArray(result["mean"], dims=p.patches().dims)
+    w = xr.DataArray(result["w"], dims=("patch", "y", "x"))
+    np.testing.assert_allclose(out["mean"], reconstruct(p, pred, weights=w), rtol=1e-10)
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+def test_apply_per_patch_weights_given_beforehand(layout, lazy):
+    scene, _ = layout
+    p = (scene.chunk(y=8, x=7) if lazy else scene).patch(**OPTIONS)
+    weights = np.linspace(0.5, 3.0, len(p))
+    with forbid_compute():
+        out = p.apply(shifted, weights=weights, batch_size=4)
+    values = shifted(p.patches().values)
+    expected = brute_weighted(
+        values, weights[:, None, None, None], p.anchors().values, p.weights().values, (21, 18)
+    )
+    np.testing.assert_allclose(out.values, expected, rtol=1e-10)
+    two = p.apply(lambda b: {"a": shifted(b), "w": np.ones(len(b))}, output_dims={"a": None},
+                  weights="w")  # fmt: skip
+    np.testing.assert_allclose(two["a"], p.apply(shifted), rtol=1e-10)
+
+
+def test_apply_weights_are_checked(layout):
+    scene, _ = layout
+    p = scene.patch(**OPTIONS)
+    with pytest.raises(xpatch.OptionError, match=r"weights='w' names an entry .*one output"):
+        p.apply(lambda b: b, weights="w")
+    with pytest.raises(xpatch.OptionError, match=r"weights='mean' is also declared"):
+        p.apply(noisy_model, output_dims={"mean": None}, weights="mean")
+    with pytest.raises(xpatch.OptionError, match=rf"shape \(3,\); .*shape \({len(p)},\)"):
+        p.apply(lambda b: b, weights=[1.0, 2.0, 3.0])
+    with pytest.raises(xpatch.OptionError, match=r"weights= with reduce='max'"):
+        p.apply(lambda b: b, weights=np.ones(len(p)), reduce="max")
+    with pytest.raises(xpatch.PredictionError, match=r"weights hold -1.0"):
+        p.apply(lambda b: b, weights=-np.ones(len(p)))
+    with pytest.raises(xpatch.OptionError, match=r"dask array"):
+        p.apply(lambda b: b, weights=dsa.ones(len(p)))
+
+    def bad_shape(b):
+        return {"mean": b, "w": np.ones((len(b), 2))}
+
+    with pytest.raises(xpatch.PredictionError, match=r"weights 'w' of shape \(\d+, 2\)"):
+        p.apply(bad_shape, output_dims={"mean": None}, weights="w")
+
+    def negative(b):
+        return {"mean": b, "w": -np.ones(len(b))}
+
+    lazy = scene.chunk(y=8, x=7).patch(**OPTIONS)
+    out = lazy.apply(negative, output_dims={"mean": None}, weights="w")  # checked by the tasks
+    with pytest.raises(xpatch.PredictionError, match=r"weights hold -1.0"):
+        out.compute()

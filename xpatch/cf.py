@@ -17,7 +17,7 @@ the ``xpatch apply`` command follow:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 import numpy as np
@@ -36,6 +36,9 @@ VALUE_ENCODING_ATTRS = frozenset(
 )  # fmt: skip
 
 NodataOption = float | Literal["input"] | None
+
+#: Takes the input's validity mask to a result at another resolution (:mod:`xpatch.scaled`).
+Resample = Callable[[xr.DataArray], xr.DataArray]
 
 
 def nodata_in(attrs: Mapping) -> Any:
@@ -118,20 +121,25 @@ def fill_nodata(variable: xr.Variable, attrs: Mapping) -> xr.Variable:
     return variable.fillna(nodata)
 
 
-def mask_input_nodata(result: xr.Variable, source: xr.Variable | None) -> xr.Variable:
+def mask_input_nodata(
+    result: xr.Variable, source: xr.Variable | None, resample: Resample | None = None
+) -> xr.Variable:
     """NaN where the input ``source`` has no data, if it has a nodata value.
 
     Band by band when ``result`` keeps the input's dims and sizes; otherwise a
-    cell has no data when no band of the input has any.
+    cell has no data when no band of the input has any. ``resample`` takes the
+    input's validity to a result at another resolution.
     """
     if source is None or (nodata_of(source) is None and encoded_nodata_of(source) is None):
         return result
     valid = valid_cells(source)
-    if set(result.dims) == set(source.dims) and all(
-        result.sizes[d] == source.sizes[d] for d in source.dims
+    if resample is not None:
+        valid = resample(valid)
+    if set(result.dims) == set(valid.dims) and all(
+        result.sizes[d] == valid.sizes[d] for d in valid.dims
     ):
         return result.where(valid.transpose(*result.dims).variable)
-    carried = [d for d in source.dims if d not in result.dims or result.sizes[d] != source.sizes[d]]
+    carried = [d for d in valid.dims if d not in result.dims or result.sizes[d] != valid.sizes[d]]
     spatial = valid.any(carried) if carried else valid
     return result.where(spatial.variable)
 
@@ -143,9 +151,14 @@ def carry_encoded_nodata(source: xr.Variable | None, target: xr.Variable | xr.Da
         target.encoding["_FillValue"] = value
 
 
-def reconstructed(result: xr.Variable, template: xr.Variable | None, attrs: Mapping):
+def reconstructed(
+    result: xr.Variable,
+    template: xr.Variable | None,
+    attrs: Mapping,
+    resample: Resample | None = None,
+):
     """Apply the rules to a reconstructed variable: mask, fill, attributes, encoding."""
-    variable = fill_nodata(mask_input_nodata(result, template), attrs)
+    variable = fill_nodata(mask_input_nodata(result, template, resample), attrs)
     variable.attrs = dict(attrs)
     carry_encoded_nodata(template, variable)
     return variable
@@ -175,14 +188,17 @@ def output_nodata(source: xr.DataArray, nodata: NodataOption) -> tuple[Any, Any]
 
 
 def applied(
-    result: xr.Variable, source: xr.DataArray, coords: Mapping, nodata: NodataOption
+    result: xr.Variable,
+    source: xr.DataArray,
+    coords: Mapping,
+    nodata: NodataOption,
+    resample: Resample | None = None,
 ) -> xr.DataArray:
     """Apply the rules to ``apply``'s output: mask, packing attributes, nodata, encoding."""
     value, encoded = output_nodata(source, nodata)
     attrs = {k: v for k, v in source.attrs.items() if k not in VALUE_ENCODING_ATTRS}
-    out = xr.DataArray(
-        mask_input_nodata(result, source.variable), coords=coords, name=source.name, attrs=attrs
-    )
+    masked = mask_input_nodata(result, source.variable, resample)
+    out = xr.DataArray(masked, coords=coords, name=source.name, attrs=attrs)
     if encoded is not None and fits_dtype(encoded, out.dtype):
         out.encoding["_FillValue"] = encoded
     if value is None or not fits_dtype(value, out.dtype):

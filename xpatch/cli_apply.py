@@ -27,6 +27,7 @@ import numpy as np
 import xarray as xr
 
 import xpatch
+from xpatch.bands import stack_bands
 from xpatch.cli_common import format_sizes, positive_int, usage_error
 from xpatch.core.errors import OptionError, XPatchError
 from xpatch.geo import geotiff_layout
@@ -98,8 +99,15 @@ def add_apply_command(commands: argparse._SubParsersAction) -> argparse.Argument
         "--output-dims",
         default=None,
         help="FN's non-patched output dims, e.g. class=5 ('' for none; default: the input's); "
-        "for an FN returning a dict, per key: 'seg:class=3;unc:' (OUTPUT then a .zarr "
-        "with a variable per key)",
+        "for an FN returning a dict, per key: 'seg:class=3;unc:' (a .zarr OUTPUT has a "
+        "variable per key, a GeoTIFF a band per key and class)",
+    )
+    apply.add_argument(
+        "--scale",
+        default=None,
+        help="output cells per input cell, for an FN whose patches come back at another "
+        "resolution: one factor for every patched dim (2, 4, 1/4) or per dim 'y=2,x=2'; "
+        "OUTPUT covers the input's extent at that resolution (transform scaled)",
     )
     apply.add_argument("--dtype", default=None, help="FN's output dtype (default: the input's)")
     apply.add_argument(
@@ -268,6 +276,21 @@ def _output_dims(text: str | None) -> dict[str, int] | dict[str, dict[str, int]]
     return _dims(text, text)
 
 
+def _scale(text: str | None) -> str | dict[str, str] | None:
+    """``--scale``: one factor (``2``, ``1/4``, ``0.25``), or per dim ``y=2,x=2``."""
+    if text is None or "=" not in text:
+        return text
+    factors = {}
+    for item in text.split(","):
+        name, _, factor = item.partition("=")
+        if not name.strip() or not factor.strip():
+            raise OptionError(
+                f"--scale {text!r} must be one factor (2, 1/4, 0.25) or per dim 'y=2,x=2'."
+            )
+        factors[name.strip()] = factor.strip()
+    return factors
+
+
 def _dims(text: str, whole: str) -> dict[str, int]:
     if text == "":
         return {}
@@ -410,14 +433,11 @@ def _plan_apply(args: argparse.Namespace) -> tuple:
         reduce=args.reduce,
         nodata=args.nodata,
         out_dtype=args.out_dtype,
+        scale=_scale(args.scale),
     )
     if Path(args.output).suffix.lower() in GEOTIFF_SUFFIXES:
-        if isinstance(result, xr.Dataset):
-            raise OptionError(
-                f"OUTPUT {args.output!r} is a GeoTIFF, which holds one result, but FN "
-                f"{args.fn!r} returns the outputs {list(result.data_vars)!r}; write them to "
-                "a .zarr OUTPUT (one store, a variable per output)."
-            )
+        if isinstance(result, xr.Dataset):  # several outputs: a band per output and class
+            result = stack_bands(result)
         result = _geotiff_result(result, args)
     return p, result, dims, stride
 

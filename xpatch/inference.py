@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Literal
 import dask.array as da
 import numpy as np
 import xarray as xr
-from numpy.typing import DTypeLike
+from dask.base import tokenize
+from numpy.typing import ArrayLike, DTypeLike
 
 from xpatch.cf import applied, check_nodata_option
 from xpatch.core.apply import BatchFunction, apply_dask, apply_numpy
@@ -21,8 +22,11 @@ from xpatch.core.apply_outputs import apply_dask_outputs, apply_numpy_outputs
 from xpatch.core.errors import DimensionError, OptionError
 from xpatch.core.extract import check_pad_value
 from xpatch.core.overlap_add import Reduction, check_reduction
+from xpatch.core.scale import ScaleSpec
+from xpatch.core.weighted import check_weighted_reduction, check_weights
 from xpatch.predictions import output_coords
 from xpatch.provenance import describe_callable, layout_facts, note_result
+from xpatch.scaled import OutputGrid, output_grid, resampler
 from xpatch.stored import (
     argmax_labels,
     cast_stored,
@@ -82,6 +86,8 @@ def apply(
     nodata: float | Literal["input"] | None = "input",
     pad_batch: bool = False,
     out_dtype: OutputDTypes | None = None,
+    scale: ScaleSpec | None = None,
+    weights: str | ArrayLike | None = None,
 ) -> xr.DataArray | xr.Dataset:
     """Run ``fn`` over every patch in batches and blend the results onto the grid.
 
@@ -175,11 +181,34 @@ def apply(
         asks for one when it is None or does not fit; NaN that ``fn`` returns
         takes it too, or raises a :class:`~xpatch.PredictionError` (when
         computed, on dask). Lazy stays lazy: the cast is one task per block.
+    scale
+        Output cells per input cell, for a model whose patches come back at
+        another resolution: one factor for every patched dim, or ``{dim:
+        factor}`` (the others 1). E.g. ``2`` or ``4`` for super-resolution,
+        ``Fraction(1, 4)`` (or ``0.25``) for a head that downsamples by 4.
+        ``fn`` then returns patches of ``size * factor`` cells, and the result
+        covers the input's extent at the new resolution: coordinates at the new
+        cell centres (linear in the input's; regular grids stay exact), a
+        raster's transform scaled and its CRS kept, the patcher's window built
+        at the output's patch size, and an output cell without data only where
+        no input cell under it has any. The patch size, the extent and every
+        anchor times the factor must be whole numbers of cells; otherwise an
+        :class:`~xpatch.OptionError` names them, before any work.
+    weights
+        Weights multiplied into the window (for ``"mean"``, ``"sum"``,
+        ``"vote"`` and ``"argmax"``), e.g. inverse variance from the model.
+        Either the name of an entry of the dict ``fn`` returns (not declared as
+        an output): per patch ``(b,)`` or per cell ``(b, *patch)``, checked
+        finite and >= 0 batch by batch, and weighing every declared output; or
+        per-patch weights known beforehand, an array of shape ``(n_patches,)``
+        in the order of :meth:`anchors`. A cell whose weights are all 0 has no
+        value (NaN); a weighted mean is a float.
 
     Returns
     -------
     xarray.DataArray or xarray.Dataset
-        ``(*output_dims, *patched dims)`` on the input's grid (in the input's
+        ``(*output_dims, *patched dims)`` on the input's grid (at ``scale``
+        times its resolution) (in the input's
         dim order when the output keeps its dims), with its coordinates (CRS
         and transform included) and attributes, less those that say how
         stored values are read (``scale_factor``, ``add_offset``, ...: see
@@ -247,6 +276,8 @@ def apply(
     reduce = "mean" if argmax else check_reduction(reduce)  # argmax blends as the mean
     nodata = check_nodata_option(nodata)
     names = output_names(output_dims, dtype, out_dtype)
+    patch_weights, weight_key = check_apply_weights(p, weights, names, reduce)
+    grid = output_grid(p, scale)
     specs = {
         name: _output_spec(
             p,
@@ -270,7 +301,9 @@ def apply(
         pad_value=check_pad_value(p.pad_value, obj.dtype),
         fn=fn,
         batch_size=batch_size,
-        window=p.blend_window,
+        window=grid.window,
+        out_plan=None if grid.identity else grid.plan,
+        weights=patch_weights,
         reduce=reduce,
         pad_mode=p.pad_mode,
         pad_batch=bool(pad_batch),
@@ -285,10 +318,12 @@ def apply(
     else:
         outputs = {n: ([int(s) for s in d.values()], t) for n, (d, t, _) in specs.items()}
         run = apply_dask_outputs if lazy else apply_numpy_outputs
-        arrays = run(data if lazy else np.asarray(data), outputs=outputs, **common)
+        arrays = run(
+            data if lazy else np.asarray(data), outputs=outputs, weight_key=weight_key, **common
+        )
     results = {}
     for name, (dims, declared, stored) in specs.items():
-        out = _dress(p, arrays[name], dims, argmax, nodata, stored)
+        out = _dress(p, grid, arrays[name], dims, argmax, nodata, stored)
 
         def facts(name=name, dims=dims, declared=declared, out=out) -> dict:
             return {
@@ -302,6 +337,8 @@ def apply(
                 "nodata": nodata,
                 "out_dtype": str(out.dtype),
                 "pad_mode": p.pad_mode,
+                **({} if grid.identity else {"scale": grid.scale}),
+                **({} if weights is None else {"weights": weight_key or tokenize(patch_weights)}),
             }
 
         note_result(out, facts)
@@ -309,6 +346,43 @@ def apply(
     if names is None:
         return results[None]
     return xr.Dataset(results)
+
+
+def check_apply_weights(
+    p: Patcher, weights: object, names: list[str] | None, reduce: str
+) -> tuple[np.ndarray | None, str | None]:
+    """Return ``apply``'s ``weights=`` as ``(per-patch weights, name of fn's weights entry)``."""
+    if weights is None:
+        return None, None
+    check_weighted_reduction(reduce)
+    if isinstance(weights, str):
+        if names is None:
+            raise OptionError(
+                f"weights={weights!r} names an entry of the dict fn returns, but apply was "
+                f"declared one output; return {{'pred': ..., {weights!r}: ...}} from fn and "
+                "declare output_dims={'pred': None} (or dtype={'pred': ...})."
+            )
+        if weights in names:
+            raise OptionError(
+                f"weights={weights!r} is also declared as an output ({names!r}); weights are "
+                f"not blended: leave {weights!r} out of output_dims, dtype and out_dtype."
+            )
+        return None, weights
+    if isinstance(weights, xr.DataArray) and weights.dims == (PATCH_DIM,):
+        weights = weights.data
+    if isinstance(weights, da.Array):
+        raise OptionError(
+            "weights= is a dask array; per-patch weights are one number per patch: pass them "
+            "in memory (np.asarray(weights)), or return them from fn by name."
+        )
+    array = np.asarray(weights)
+    if array.shape != (len(p),):
+        raise OptionError(
+            f"weights has shape {array.shape}; per-patch weights are one value per patch, "
+            f"shape ({len(p)},), in the order of p.anchors(); or pass the name of an entry of "
+            "the dict fn returns."
+        )
+    return check_weights(array), None
 
 
 def _output_spec(
@@ -350,6 +424,7 @@ def _output_spec(
 
 def _dress(
     p: Patcher,
+    grid: OutputGrid,
     out: np.ndarray | da.Array,
     output_dims: dict[Hashable, int],
     argmax: bool,
@@ -363,8 +438,8 @@ def _dress(
     result = xr.Variable((*({} if argmax else output_dims), *p.dims), out)
     if set(result.dims) == set(obj.dims):
         result = result.transpose(*obj.dims)
-    coords = output_coords(p, xr.Dataset(), dict(zip(result.dims, result.shape)))
-    dressed = applied(result, obj, coords, nodata)
+    coords = output_coords(p, xr.Dataset(), dict(zip(result.dims, result.shape)), grid)
+    dressed = applied(result, obj, coords, nodata, resampler(grid))
     return dressed if stored is None else cast_stored(dressed, stored)
 
 

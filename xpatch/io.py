@@ -39,6 +39,7 @@ from dask.delayed import Delayed
 from dask.highlevelgraph import HighLevelGraph
 
 from xpatch import waves
+from xpatch.bands import stack_bands
 from xpatch.cf import file_nodata
 from xpatch.core.checks import check_choice
 from xpatch.core.errors import OptionError, OutputError, OutputExistsError
@@ -259,7 +260,10 @@ def write(
     ----------
     result
         What to write, typically ``p.apply(...)`` or ``p.reconstruct(...)``. Dask
-        blocks become zarr chunks or GeoTIFF windows.
+        blocks become zarr chunks or GeoTIFF windows. A Dataset (e.g. ``apply``'s
+        several outputs) is one zarr store, or one GeoTIFF with a band per
+        variable and class (:func:`xpatch.bands.stack_bands`: one exact dtype,
+        bands described ``"name"`` or ``"name:class=value"``).
     path
         A local ``*.zarr`` or ``*.tif`` path (or give ``format``); an fsspec URL
         such as ``"s3://bucket/out.zarr"``, ``"gs://..."``, ``"memory://..."`` or
@@ -341,11 +345,8 @@ def write(
                 "GeoTIFF and upload it."
             )
         require_rasterio()
-        if not isinstance(result, xr.DataArray):
-            raise OptionError(
-                "GeoTIFF holds one 2-D or 3-D (band, y, x) DataArray; write a Dataset to zarr "
-                "instead."
-            )
+        if isinstance(result, xr.Dataset):  # several outputs: a band per output and class
+            result = stack_bands(result)
         if nodata is None:
             nodata = file_nodata(result)
         output: Any = GeoTiffOutput(result, location, nodata)

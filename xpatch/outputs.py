@@ -348,8 +348,12 @@ class GeoTiffOutput:
             "blockysize": 256,
             "BIGTIFF": "IF_SAFER",
         }
-        with rasterio.open(self.partial, "w", **profile):
-            pass
+        descriptions = result.attrs.get("long_name")
+        with rasterio.open(self.partial, "w", **profile) as dst:
+            # One name per band (xpatch.bands.stack_bands names the outputs it stacks).
+            if isinstance(descriptions, tuple | list) and len(descriptions) == profile["count"]:
+                for band, text in enumerate(descriptions, start=1):
+                    dst.set_band_description(band, str(text))
 
     def check_readable(self) -> None:
         """Refuse a resume whose partial file is missing or damaged."""

@@ -11,24 +11,24 @@ source read the patcher through its public properties.
 from __future__ import annotations
 
 import operator
-import warnings
 from collections.abc import Hashable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
-import numpy as np
 import xarray as xr
 
 from xpatch import inference, predictions, views
 from xpatch.core.apply import BatchFunction
 from xpatch.core.chunk_cache import DEFAULT_CACHE_BYTES
-from xpatch.core.errors import DimensionError, GeometryError, OptionError, UncoveredCellsWarning
+from xpatch.core.errors import DimensionError, GeometryError, OptionError
 from xpatch.core.geometry import Boundary, Geometry
-from xpatch.core.overlap_add import BlendWindow, Reduction
+from xpatch.core.overlap_add import BlendWindow
 from xpatch.core.padding import PadMode, check_pad_mode
 from xpatch.core.plan import Plan, max_group_size
-from xpatch.core.samplers import AtLabels, RegularGrid, Sampler, anchor_array, index_positions
+from xpatch.core.samplers import AtLabels, RegularGrid, Sampler, anchor_array
+from xpatch.core.scale import ScaleSpec
 from xpatch.core.windows import WindowSpec, make_window
 from xpatch.geo import AtPoints, InBounds, patch_bounds, patch_transforms
+from xpatch.layout_checks import label_locator, size_mapping, warn_uncovered
 from xpatch.variables import (
     check_apply_dtype,
     check_blendable_predictions,
@@ -44,35 +44,6 @@ if TYPE_CHECKING:
     from xpatch.grain import PatchSource
 
 T = TypeVar("T", xr.DataArray, xr.Dataset)
-
-
-def _size_mapping(size: Mapping[Hashable, int] | None, size_kwargs: Mapping[str, int]) -> dict:
-    if size is not None and size_kwargs:
-        raise OptionError(
-            f"the patch size was given twice: size={size!r} and keyword arguments "
-            f"{dict(size_kwargs)!r}; use one of them."
-        )
-    size = size_kwargs if size is None else size
-    if not isinstance(size, Mapping):
-        raise OptionError(
-            f"size={size!r} must map dimension names to patch extents, "
-            "e.g. size={'y': 256, 'x': 256} or .patch(y=256, x=256)."
-        )
-    if not size:
-        raise OptionError("no patch size given: pass size={'y': 256, 'x': 256} or y=256, x=256.")
-    return dict(size)
-
-
-def _locator(obj: xr.DataArray | xr.Dataset):
-    def locate(dim: Hashable, labels: np.ndarray, method: str | None) -> np.ndarray:
-        if dim not in obj.indexes:
-            raise DimensionError(
-                f"AtLabels: dimension {dim!r} has no coordinate to look labels up in; "
-                "give start indices with xpatch.Anchors instead."
-            )
-        return index_positions(obj.indexes[dim], dim, labels, method)
-
-    return locate
 
 
 class Patcher(Generic[T]):
@@ -195,7 +166,7 @@ class Patcher(Generic[T]):
                 f"obj is a {type(obj).__name__}; xpatch patches xarray.DataArray and "
                 "xarray.Dataset objects (wrap numpy arrays with xr.DataArray(arr, dims=...))."
             )
-        size = _size_mapping(size, size_kwargs)
+        size = size_mapping(size, size_kwargs)
         unknown = [d for d in size if d not in obj.dims]
         if unknown:
             raise DimensionError(
@@ -212,7 +183,7 @@ class Patcher(Generic[T]):
         window_array = make_window(window, geometry.dims, geometry.size)
         sampler = RegularGrid() if sampler is None else sampler
         if isinstance(sampler, AtLabels):
-            sampler = sampler.resolve(_locator(obj))
+            sampler = sampler.resolve(label_locator(obj))
         elif isinstance(sampler, AtPoints | InBounds):
             sampler = sampler.resolve(obj, geometry)
         if not isinstance(sampler, Sampler):
@@ -234,7 +205,7 @@ class Patcher(Generic[T]):
                 pad_value_for(pad_value, var.dtype, name)
         anchors = sampler.anchors(geometry)  # boundary="raise" refuses here, before any work
         if getattr(sampler, "covers_grid", False):
-            _warn_uncovered(geometry)
+            warn_uncovered(geometry)
         if min_valid is not None:
             fraction = valid_fraction(variables, geometry, anchors)
             anchors = anchors[(fraction > 0) & (fraction >= min_valid)]
@@ -519,10 +490,11 @@ class Patcher(Generic[T]):
     # -- reconstruction and inference --------------------------------------------------
 
     def reconstruct(  # noqa: D102 (doc below)
-        self, pred: T, reduce: Reduction = "mean", *, weights: Any = None
-    ) -> T:
+        self, pred: T, reduce: inference.ApplyReduction = "mean", *, weights: Any = None,
+        scale: ScaleSpec | None = None,
+    ) -> T:  # fmt: skip
         check_blendable_predictions(pred, self._obj, views.PATCH_DIM)
-        return predictions.reconstruct(self, pred, reduce, weights=weights)
+        return predictions.reconstruct(self, pred, reduce, weights=weights, scale=scale)
 
     def apply(  # noqa: D102 (doc below)
         self,
@@ -535,11 +507,13 @@ class Patcher(Generic[T]):
         nodata: float | Literal["input"] | None = "input",
         pad_batch: bool = False,
         out_dtype: inference.OutputDTypes | None = None,
+        scale: ScaleSpec | None = None,
+        weights: Any = None,
     ) -> xr.DataArray | xr.Dataset:
         check_apply_dtype(self._obj, dtype)
         return inference.apply(self, fn, batch_size, output_dims=output_dims, dtype=dtype,
                                reduce=reduce, nodata=nodata, pad_batch=pad_batch,
-                               out_dtype=out_dtype)  # fmt: skip
+                               out_dtype=out_dtype, scale=scale, weights=weights)  # fmt: skip
 
     reconstruct.__doc__ = predictions.reconstruct.__doc__
     apply.__doc__ = inference.apply.__doc__
@@ -572,23 +546,6 @@ class Patcher(Generic[T]):
         from xpatch.grain import PatchSource
 
         return PatchSource(self, variables=variables, cache_bytes=cache_bytes, transform=transform)
-
-
-def _warn_uncovered(geometry: Geometry) -> None:
-    uncovered = geometry.uncovered_grid_cells()
-    if not uncovered:
-        return
-    total = int(np.prod(geometry.shape, dtype=np.float64))
-    size = dict(zip(geometry.dims, geometry.size))
-    stride = dict(zip(geometry.dims, geometry.stride))
-    warnings.warn(
-        f"{uncovered} of {total} cells ({uncovered / total:.1%}) along "
-        f"{list(geometry.dims)!r} are covered by no patch (boundary={geometry.boundary!r}, "
-        f"size={size}, stride={stride}); they reconstruct to NaN. "
-        "Use boundary='shift' or 'pad', or a stride <= size, to cover every cell.",
-        UncoveredCellsWarning,
-        stacklevel=4,
-    )
 
 
 #: The functional form of ``obj.patch(...)``: ``xpatch.patch(obj, size, stride, ...)``.

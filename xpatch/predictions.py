@@ -11,13 +11,13 @@ applies the nodata rules of :mod:`xpatch.cf`.
 from __future__ import annotations
 
 from collections.abc import Hashable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import dask.array as da
 import numpy as np
 import xarray as xr
 
-from xpatch.cf import missing_as_nan, reconstructed
+from xpatch.cf import VALUE_ENCODING_ATTRS, mask_input_nodata, missing_as_nan, reconstructed
 from xpatch.core.dtypes import weighted_result_dtype
 from xpatch.core.errors import DimensionError, PredictionError
 from xpatch.core.overlap_add import (
@@ -27,10 +27,13 @@ from xpatch.core.overlap_add import (
     overlap_add,
 )
 from xpatch.core.partials import overlap_add_dask
+from xpatch.core.scale import ScaleSpec
 from xpatch.core.weighted import check_weighted_reduction, check_weights
 from xpatch.core.windows import marginal_window
 from xpatch.geo import grid_mapping_name
 from xpatch.provenance import layout_facts, note_result
+from xpatch.scaled import OutputGrid, grid_coords, inferred_scale, output_grid, resampler
+from xpatch.stored import argmax_labels, label_dtype, needs_nodata
 from xpatch.variables import data_token, is_dask_backed
 from xpatch.views import PATCH_DIM
 
@@ -57,11 +60,16 @@ def first_surplus(given: np.ndarray, expected: np.ndarray) -> int:
 
 
 def check_prediction(
-    p: Patcher, pred: xr.DataArray, label: str, required: Sequence[Hashable]
+    p: Patcher,
+    pred: xr.DataArray,
+    label: str,
+    required: Sequence[Hashable],
+    grid: OutputGrid | None = None,
 ) -> tuple[np.ndarray | None, list[da.Array] | None]:
     """Check ``pred`` against the patcher; return where its patches are.
 
-    ``required`` are the patched dims it must have. Returns what
+    ``required`` are the patched dims it must have, at the patch size of the
+    output ``grid`` (default: the patcher's). Returns what
     :func:`prediction_rows` does.
     """
     n = len(p)
@@ -83,11 +91,15 @@ def check_prediction(
             "if the model renamed them)."
         )
     got = {d: pred.sizes[d] for d in p.dims if d in pred.dims}
-    expected = {d: p.size[d] for d in got}
+    size = p.size if grid is None else grid.size
+    expected = {d: size[d] for d in got}
     if got != expected:
+        at = "" if grid is None or grid.identity else f" at scale={grid.scale}"
         raise PredictionError(
-            f"{label} has patch shape {got}; this patcher's patches are {expected}. "
-            "Predictions must keep the patch size (crop or resize them back)."
+            f"{label} has patch shape {got}; this patcher's patches{at} are {expected}. "
+            "Predictions at another resolution are read as such when their patches are "
+            "n or 1/n times the patcher's; pass scale={dim: factor} for other factors, "
+            "or crop or pad cropped predictions back to the patch shape."
         )
     return prediction_rows(p, pred, label)
 
@@ -174,13 +186,14 @@ def weights_data(weights: xr.DataArray, order: Sequence[Hashable]) -> Any:
 
 def reconstruct_variable(
     p: Patcher,
+    grid: OutputGrid,
     pred: xr.DataArray,
     where: tuple[np.ndarray | None, list[da.Array] | None],
     template: xr.Variable | None,
     reduce: Reduction,
     weights: xr.DataArray | None = None,
 ) -> xr.Variable:
-    """Overlap-add one prediction variable along the patched dims it has.
+    """Overlap-add one prediction variable along the patched dims it has, on ``grid``.
 
     ``where`` is :func:`check_prediction`'s answer; ``weights`` are
     :func:`prediction_weights`', taken row for row with ``pred``.
@@ -194,8 +207,8 @@ def reconstruct_variable(
     if isinstance(wdata, da.Array) and not isinstance(data, da.Array):
         # Lazy weights make the reconstruction lazy: chunk pred as the weights are.
         data = da.from_array(data, chunks=(wdata.chunks[0], *(-1,) * (data.ndim - 1)))
-    plan = p.plan if len(columns) == len(p.dims) else p.plan.project(columns)
-    window = p.blend_window
+    plan = grid.plan if len(columns) == len(p.dims) else grid.plan.project(columns)
+    window = grid.window
     if len(columns) < len(p.dims):
         window = BlendWindow.of(marginal_window(window.values, columns))
     if isinstance(data, da.Array):
@@ -218,8 +231,13 @@ def reconstruct_variable(
     return result
 
 
-def output_coords(p: Patcher, pred: xr.DataArray | xr.Dataset, sizes: Mapping) -> dict:
-    """Coordinates of the result: the prediction's (off the patch axes), then the input's."""
+def output_coords(
+    p: Patcher, pred: xr.DataArray | xr.Dataset, sizes: Mapping, grid: OutputGrid | None = None
+) -> dict:
+    """Coordinates of the result: the prediction's (off the patch axes), then the input's.
+
+    The input's are taken on the output ``grid`` (default: the input's own).
+    """
     dims = set(p.dims)
     coords: dict[Hashable, xr.Variable] = {}
     # The input's grid mapping describes the output grid; a prediction's may be
@@ -230,11 +248,52 @@ def output_coords(p: Patcher, pred: xr.DataArray | xr.Dataset, sizes: Mapping) -
             continue
         if PATCH_DIM not in coord.dims and not dims & set(coord.dims):
             coords[name] = coord.variable
-    for name, coord in p.obj.coords.items():
-        fits = all(sizes.get(d) == p.obj.sizes[d] for d in coord.dims)
+    grid_coordinates = (
+        {n: c.variable for n, c in p.obj.coords.items()} if grid is None else grid_coords(p, grid)
+    )
+    for name, coord in grid_coordinates.items():
+        fits = all(sizes.get(d) == n for d, n in coord.sizes.items())
         if name not in coords and fits:
-            coords[name] = coord.variable
+            coords[name] = coord
     return coords
+
+
+def label_variable(
+    p: Patcher,
+    grid: OutputGrid,
+    pred: xr.DataArray,
+    scores: xr.Variable,
+    template: xr.Variable | None,
+    attrs: Mapping,
+    label: str,
+) -> xr.Variable:
+    """``reduce="argmax"``: the index of the largest blended score along ``pred``'s class dim.
+
+    The labels are the smallest unsigned integer dtype that holds them when every
+    cell has one (patches cover it and the input has no nodata); otherwise
+    float64 with NaN where a cell has none. Attributes that say how to read
+    stored values (the input's nodata) are not the labels' and are dropped.
+    """
+    lead = [d for d in pred.dims if d != PATCH_DIM and d not in p.dims]
+    if len(lead) != 1:
+        raise PredictionError(
+            f"reduce='argmax' takes the index of the largest score along one class dim; "
+            f"{label} has {len(lead)} dims besides {PATCH_DIM!r} and the patched dims: "
+            f"{lead!r}. Give it one, e.g. dims=('patch', 'class', 'y', 'x')."
+        )
+    (dim,) = lead
+    scores = mask_input_nodata(scores, template, resampler(grid))
+    data = argmax_labels(scores.data, axis=scores.dims.index(dim))
+    labels = xr.Variable([d for d in scores.dims if d != dim], data)
+    if not needs_nodata(p, template):
+        labels = labels.astype(label_dtype(pred.sizes[dim]))
+    labels.attrs = {k: v for k, v in attrs.items() if k not in VALUE_ENCODING_ATTRS}
+    return labels
+
+
+def _scale_facts(grid: OutputGrid) -> dict:
+    """Return the provenance of a scaled result's grid (nothing for the input's own grid)."""
+    return {} if grid.identity else {"scale": grid.scale}
 
 
 def _template(p: Patcher, name: Hashable) -> xr.Variable | None:
@@ -250,7 +309,14 @@ def _required(p: Patcher, template: xr.Variable | None) -> list[Hashable]:
     return [d for d in p.dims if d in template.dims]
 
 
-def reconstruct(p: Patcher, pred: Any, reduce: Reduction = "mean", *, weights: Any = None) -> Any:
+def reconstruct(
+    p: Patcher,
+    pred: Any,
+    reduce: Reduction | Literal["argmax"] = "mean",
+    *,
+    weights: Any = None,
+    scale: ScaleSpec | None = None,
+) -> Any:
     """Put per-patch results back on the original grid by weighted overlap-add.
 
     Parameters
@@ -269,7 +335,13 @@ def reconstruct(p: Patcher, pred: Any, reduce: Reduction = "mean", *, weights: A
         label); it keeps the labels' dtype (float64 with NaN where a cell is
         covered by no patch, as for ``"max"``), costs one pass over the
         predictions per distinct label and, lazily, ``O(labels x box)`` memory
-        per group of patches. Float predictions are refused.
+        per group of patches. Float predictions are refused. ``"argmax"``, for
+        class scores: blended as the ``"mean"``, then each cell takes the index
+        of the largest score along the predictions' one dim besides ``"patch"``
+        and the patched dims (e.g. ``"class"``), which the result drops: labels
+        in the smallest unsigned integer dtype that holds them (uint8 up to 256
+        classes) when every cell has one, else float64 with NaN where a cell is
+        uncovered or the input has no data. Ties go to the first index.
     weights
         Weights from the model multiplied into the window, e.g. ``1 / variance``:
         per patch (a DataArray with dim ``"patch"``, or an array of shape
@@ -280,6 +352,12 @@ def reconstruct(p: Patcher, pred: Any, reduce: Reduction = "mean", *, weights: A
         For ``"mean"``, ``"sum"`` and ``"vote"`` only. A cell whose total weight
         is 0 is NaN (``"mean"`` and ``"sum"``); a weighted ``"mean"`` or
         ``"sum"`` is a float. Lazy if ``pred`` or ``weights`` is.
+    scale
+        Output cells per input cell of predictions at another resolution (as
+        for :meth:`apply`: a factor, or ``{dim: factor}``). Default: read off
+        the predictions' patch shape, e.g. patches of 64 cells from a patcher
+        of 32 are at scale 2. The result covers the input's extent at that
+        resolution, with coordinates, transform and window made for it.
 
     Returns
     -------
@@ -321,22 +399,29 @@ def reconstruct(p: Patcher, pred: Any, reduce: Reduction = "mean", *, weights: A
     >>> reconstruct(v, pred, weights=np.array([1.0, 3.0])).values.tolist()
     [1.0, 1.0, 2.5, 2.5, 3.0, 3.0]
     """
-    reduce = check_reduction(reduce)
+    argmax = isinstance(reduce, str) and reduce == "argmax"
+    reduce = "mean" if argmax else check_reduction(reduce)  # argmax blends as the mean
     if weights is not None:
         check_weighted_reduction(reduce)
     obj = p.obj
     if isinstance(pred, xr.DataArray):
+        grid = output_grid(p, inferred_scale(p, pred.sizes) if scale is None else scale)
         template = _template(p, pred.name)
-        where = check_prediction(p, pred, "pred", _required(p, template))
+        where = check_prediction(p, pred, "pred", _required(p, template), grid)
         w = None if weights is None else prediction_weights(pred, weights, "pred")
-        result = reconstruct_variable(p, pred, where, template, reduce, w)
+        result = reconstruct_variable(p, grid, pred, where, template, reduce, w)
         attrs = obj.attrs if isinstance(obj, xr.DataArray) else dict(pred.attrs)
-        variable = reconstructed(result, template, attrs)
-        coords = output_coords(p, pred, dict(zip(variable.dims, variable.shape)))
+        if argmax:
+            variable = label_variable(p, grid, pred, result, template, attrs, "pred")
+        else:
+            variable = reconstructed(result, template, attrs, resampler(grid))
+        coords = output_coords(p, pred, dict(zip(variable.dims, variable.shape)), grid)
         out = xr.DataArray(variable, coords=coords, name=pred.name)
         out.encoding.update(variable.encoding)  # a DataArray does not take a Variable's
         note_result(out, lambda: {"predictions": data_token(pred.variable),
-                                  **layout_facts(p), "reduce": reduce})  # fmt: skip
+                                  **layout_facts(p),
+                                  "reduce": "argmax" if argmax else reduce,
+                                  **_scale_facts(grid)})  # fmt: skip
         return out
     if isinstance(pred, xr.Dataset):
         if not isinstance(obj, xr.Dataset):
@@ -350,6 +435,9 @@ def reconstruct(p: Patcher, pred: Any, reduce: Reduction = "mean", *, weights: A
                 f"pred has no data variable with a {PATCH_DIM!r} dim; its variables are "
                 f"{list(pred.data_vars)!r}."
             )
+        # One output grid for every variable: read off the first one's patch shape.
+        first = pred[patched[0]]
+        grid = output_grid(p, inferred_scale(p, first.sizes) if scale is None else scale)
         variables = {}
         for name, var in pred.data_vars.items():
             if name not in patched:
@@ -357,17 +445,21 @@ def reconstruct(p: Patcher, pred: Any, reduce: Reduction = "mean", *, weights: A
                 continue
             template = _template(p, name)
             label = f"pred[{name!r}]"
-            where = check_prediction(p, var, label, _required(p, template))
+            where = check_prediction(p, var, label, _required(p, template), grid)
             w = None if weights is None else prediction_weights(var, weights, label)
-            result = reconstruct_variable(p, var, where, template, reduce, w)
+            result = reconstruct_variable(p, grid, var, where, template, reduce, w)
             attrs = obj[name].attrs if name in obj.data_vars else var.attrs
-            variables[name] = reconstructed(result, template, attrs)
+            if argmax:
+                variables[name] = label_variable(p, grid, var, result, template, attrs, label)
+            else:
+                variables[name] = reconstructed(result, template, attrs, resampler(grid))
         sizes = {d: n for v in variables.values() for d, n in zip(v.dims, v.shape)}
-        coords = output_coords(p, pred, sizes)
+        coords = output_coords(p, pred, sizes, grid)
         out_ds = xr.Dataset(variables, coords=coords, attrs=obj.attrs)
         note_result(out_ds, lambda: {
             "predictions": {str(n): data_token(pred[n].variable) for n in patched},
-            **layout_facts(p), "reduce": reduce})  # fmt: skip
+            **layout_facts(p), "reduce": "argmax" if argmax else reduce,
+            **_scale_facts(grid)})  # fmt: skip
         return out_ds
     raise PredictionError(
         f"pred is a {type(pred).__name__}; pass an xarray.DataArray with a {PATCH_DIM!r} dim "

@@ -93,9 +93,11 @@ def argmax_labels(data: Any, axis: int = 0) -> Any:
     return np.where(missing, np.nan, labels)
 
 
-def needs_nodata(p: Any, obj: xr.DataArray) -> bool:
+def needs_nodata(p: Any, obj: xr.DataArray | xr.Variable | None) -> bool:
     """Whether some output cell may have no value: uncovered by patches, or nodata in the input."""
-    has_nodata = nodata_of(obj) is not None or encoded_nodata_of(obj) is not None
+    has_nodata = obj is not None and (
+        nodata_of(obj) is not None or encoded_nodata_of(obj) is not None
+    )
     return has_nodata or not plan_covers(p.plan)
 
 
@@ -111,13 +113,15 @@ def stored_fill(obj: xr.DataArray, nodata: NodataOption) -> Any:
 def default_out_dtype(
     declared: np.dtype, reduce: str, p: Any, obj: xr.DataArray, nodata: NodataOption
 ) -> np.dtype | None:
-    """``out_dtype`` when not given: a mean of integers rounds back to their dtype, if it can.
+    """``out_dtype`` when not given: integers stay in their dtype where they can.
 
-    It can when every cell gets a value, or when the cells that may not (uncovered, or
-    nodata in the input) have a nodata value that the dtype holds; otherwise the mean
-    stays float64 with NaN there, as before. Other reductions keep their own dtype.
+    A ``"mean"`` of integers rounds back to their dtype, and a ``"max"``, ``"min"``
+    or ``"vote"`` keeps it, when every cell gets a value, or when the cells that
+    may not (uncovered, or nodata in the input) have a nodata value that the dtype
+    holds; otherwise the result is a float with NaN there. ``"sum"`` keeps the
+    reduction's own dtype.
     """
-    if reduce != "mean" or declared.kind not in "iu":
+    if reduce not in ("mean", "max", "min", "vote") or declared.kind not in "iu":
         return None
     if not needs_nodata(p, obj):
         return declared

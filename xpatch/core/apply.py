@@ -11,17 +11,26 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+import dask
 import dask.array as da
 import numpy as np
 from dask.base import tokenize
 from dask.highlevelgraph import HighLevelGraph
+from dask.utils import parse_bytes
 
 from xpatch.core.callables import code_token
 from xpatch.core.errors import PredictionError
 from xpatch.core.extract import extract_numpy, extract_task, group_reads
 from xpatch.core.overlap_add import BlendWindow, Reduction, overlap_add_groups
 from xpatch.core.padding import PadMode
-from xpatch.core.partials import Partial, assemble_blocks, partial_sums, result_dtype
+from xpatch.core.partials import (
+    Partial,
+    assemble_blocks,
+    output_lead_chunks,
+    partial_sums,
+    split_lead,
+    weighted_result_dtype,
+)
 from xpatch.core.plan import Plan
 
 #: ``fn(batch) -> batch``: numpy ``(b, *lead_in, *patch)`` to ``(b, *lead_out, *patch)``.
@@ -36,6 +45,7 @@ def run_batches(
     lead_shape: Sequence[int],
     dtype: np.dtype,
     pad_batch: bool = False,
+    out_patch: Sequence[int] | None = None,
 ) -> np.ndarray:
     """Call ``fn`` on consecutive batches of ``patches`` and stack what it returns.
 
@@ -58,6 +68,8 @@ def run_batches(
         Number of patched axes.
     lead_shape, dtype
         Declared non-patched output shape and dtype.
+    out_patch
+        The output's patch shape (default: the input's).
 
     Examples
     --------
@@ -71,7 +83,7 @@ def run_batches(
     >>> seen
     [2, 2]
     """
-    patch_shape = patches.shape[patches.ndim - n_patched :]
+    patch_shape = patches.shape[patches.ndim - n_patched :] if out_patch is None else out_patch
     out = np.empty((len(patches), *lead_shape, *patch_shape), dtype=dtype)
     for start in range(0, len(patches), batch_size):
         batch = patches[start : start + batch_size]
@@ -86,7 +98,8 @@ def run_batches(
             raise PredictionError(
                 f"fn returned shape {result.shape} for a batch of shape {batch.shape}; "
                 f"expected {expected} (batch, *output_dims, *patch). Declare the output's "
-                "non-patched dims with output_dims={name: size} and keep the patch shape."
+                "non-patched dims with output_dims={name: size}, and a patch shape other "
+                "than the input's with scale={dim: factor}."
             )
         result = result[:n]
         check_declared(result, dtype)
@@ -155,14 +168,36 @@ def check_declared(result: np.ndarray, dtype: np.dtype) -> None:
     )
 
 
+def block_limit(array: da.Array) -> int:
+    """Bytes an output block may take: the input's largest block, or dask's chunk size if larger.
+
+    Output dims that are not patched (``output_dims={"class": 100}``) are split
+    into chunks to stay within it (:func:`~xpatch.core.partials.output_lead_chunks`).
+    """
+    largest = int(np.prod([max(c) if c else 0 for c in array.chunks], dtype=np.int64))
+    return max(largest * array.dtype.itemsize, parse_bytes(dask.config.get("array.chunk-size")))
+
+
 def _apply_task(
     nested, crops, axes, local_anchors, size, pad_value, takes, fn, batch_size, pad_batch,
-    lead_shape, dtype, anchors, box_origin, box_shape, window, reduce, acc,
+    lead_shape, dtype, anchors, box_origin, box_shape, window, reduce, acc, out_patch=None,
+    patch_weights=None,
 ) -> Partial:  # fmt: skip
     patches = extract_task(nested, crops, axes, local_anchors, size, pad_value, takes)
-    predictions = run_batches(patches, fn, batch_size, len(axes), lead_shape, dtype, pad_batch)
+    predictions = run_batches(
+        patches, fn, batch_size, len(axes), lead_shape, dtype, pad_batch, out_patch
+    )
     del patches
-    return partial_sums(box_origin, box_shape, anchors, predictions, window, reduce, acc)
+    return partial_sums(
+        box_origin, box_shape, anchors, predictions, window, reduce, acc, patch_weights
+    )
+
+
+def group_weights(weights: np.ndarray | None, plan: Plan, group: int, ndim: int):
+    """Per-patch ``weights`` (the user's order) of one group, shaped to weigh ``ndim``-D results."""
+    if weights is None:
+        return None
+    return weights[plan.group_members(group)].reshape(-1, *(1,) * (ndim - 1))
 
 
 def apply_numpy(
@@ -177,13 +212,18 @@ def apply_numpy(
     reduce: Reduction,
     pad_mode: PadMode = "constant",
     pad_batch: bool = False,
+    out_plan: Plan | None = None,
+    weights: np.ndarray | None = None,
 ) -> np.ndarray:
     """Sliding-window inference on a numpy array, eagerly.
 
     Patches are cut group by group of the plan (so that at most one group of
     patches exists at a time), ``fn`` runs on each group in batches, and the
     predictions are blended by the threaded eager overlap-add. ``array`` holds
-    its patched axes last. Returns ``(*lead_shape, *grid)`` in the
+    its patched axes last. ``out_plan`` is the plan on the output grid when
+    ``fn`` returns patches of another size (:func:`~xpatch.core.scale.scale_plan`;
+    default ``plan``); ``weights``, per patch in the user's order, multiply
+    the window (checked, float64). Returns ``(*lead_shape, *grid)`` in the
     :func:`~xpatch.core.partials.result_dtype` of ``dtype``.
 
     Examples
@@ -203,20 +243,26 @@ def apply_numpy(
     [1152921504606846977, 1152921504606846979]
     """
     k = plan.ndim
+    out_plan = plan if out_plan is None else out_plan
     axes = list(range(array.ndim - k, array.ndim))
-    anchor_groups = [plan.group_anchors(g) for g in range(len(plan.groups))]
-    prediction_groups = []
-    for group in anchor_groups:
-        patches = extract_numpy(array, axes, group, plan.size, pad_value, pad_mode)
+    prediction_groups, weight_groups = [], []
+    for g in range(len(plan.groups)):
+        anchors = plan.group_anchors(g)
+        patches = extract_numpy(array, axes, anchors, plan.size, pad_value, pad_mode)
         prediction_groups.append(
-            run_batches(patches, fn, batch_size, k, lead_shape, dtype, pad_batch)
+            run_batches(patches, fn, batch_size, k, lead_shape, dtype, pad_batch, out_plan.size)
         )
+        weight_groups.append(group_weights(weights, plan, g, 1 + len(lead_shape) + k))
         del patches
-    acc = result_dtype(dtype, reduce, window, plan)
+    acc = weighted_result_dtype(dtype, reduce, window, out_plan, weights is not None)
+    grid = out_plan.grid.shape
     if not prediction_groups:  # no patch: nothing is covered, and acc is a float
-        return np.full((*lead_shape, *array.shape[-k:]), np.nan, acc)
-    grid = array.shape[array.ndim - k :]
-    return overlap_add_groups(anchor_groups, prediction_groups, grid, window, reduce, dtype=acc)
+        return np.full((*lead_shape, *grid), np.nan, acc)
+    anchor_groups = [out_plan.group_anchors(g) for g in range(len(out_plan.groups))]
+    return overlap_add_groups(
+        anchor_groups, prediction_groups, grid, window, reduce, dtype=acc,
+        weight_groups=None if weights is None else weight_groups,
+    )  # fmt: skip
 
 
 def apply_dask(
@@ -231,6 +277,8 @@ def apply_dask(
     reduce: Reduction,
     pad_mode: PadMode = "constant",
     pad_batch: bool = False,
+    out_plan: Plan | None = None,
+    weights: np.ndarray | None = None,
 ) -> da.Array:
     """Sliding-window inference as one lazy graph: patches, ``fn``, overlap-add.
 
@@ -240,7 +288,9 @@ def apply_dask(
     (:func:`~xpatch.core.partials.partial_sums`); the predictions never leave
     the task. Output blocks (the plan's grid) combine the pieces of those
     partials (:func:`~xpatch.core.partials.assemble_blocks`). ``fn`` and the
-    window enter the graph once.
+    window enter the graph once. With ``out_plan`` (the plan on an output grid
+    at another resolution) the patches are cut on ``plan`` and blended on it;
+    ``weights`` (per patch, the user's order) enter each group's task as its share.
 
     Returns
     -------
@@ -258,27 +308,33 @@ def apply_dask(
     # value, so a resumed write may use another batch size. The pad mode only when
     # not the default, so that constant padding keeps the names it had.
     padding = pad_value if pad_mode == "constant" else (pad_value, pad_mode)
+    # The output plan only when scaled, so that unscaled results keep their names.
+    scaled = () if out_plan is None else (out_plan,)
+    out_plan = plan if out_plan is None else out_plan
+    weighted = () if weights is None else (weights,)
     token = tokenize(array, plan, padding, code_token(fn), lead_shape, str(dtype),
-                     window.values, reduce)  # fmt: skip
+                     window.values, reduce, *scaled, *weighted)  # fmt: skip
     name = f"xpatch-apply-{token}"
     fn_key = (f"xpatch-fn-{token}",)
     window_key = (f"xpatch-window-{token}",)
     layer: dict = {fn_key: fn, window_key: window}
-    acc = result_dtype(dtype, reduce, window, plan)
+    acc = weighted_result_dtype(dtype, reduce, window, out_plan, weights is not None)
     partial_keys = {}
     reads = group_reads(array, axes, plan, whole_axes=range(n_carried), pad_mode=pad_mode)
     for g, _, nested, crops, local, takes in reads:
         key = (f"{name}-partial", g)
-        lo, shape = plan.boxes[g]
+        lo, shape = out_plan.boxes[g]
         layer[key] = (
             _apply_task, nested, crops, axes, local, size, pad_value, takes, fn_key, batch_size,
-            pad_batch, tuple(lead_shape), dtype, plan.group_anchors(g), lo, shape, window_key,
-            reduce, acc,
+            pad_batch, tuple(lead_shape), dtype, out_plan.group_anchors(g), lo, shape,
+            window_key, reduce, acc, out_plan.size if scaled else None,
+            group_weights(weights, plan, g, 1 + len(lead_shape) + k),
         )  # fmt: skip
         partial_keys[(g, (0,) * len(lead_shape))] = key
-    lead_chunks = [(int(n),) for n in lead_shape]
+    lead_chunks = output_lead_chunks(lead_shape, out_plan, acc.itemsize, block_limit(array))
+    partial_keys = split_lead(layer, partial_keys, lead_chunks, name)
     chunks = assemble_blocks(
-        layer, partial_keys, plan, lead_chunks, window_key, window, reduce, acc, name
+        layer, partial_keys, out_plan, lead_chunks, window_key, window, reduce, acc, name
     )
     graph = HighLevelGraph.from_collections(name, layer, dependencies=[array])
     meta = np.empty((0,) * (len(lead_shape) + k), dtype=acc)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 
 import dask.array as da
 import numpy as np
+from dask.array.core import normalize_chunks
 from dask.base import tokenize
 from dask.highlevelgraph import HighLevelGraph
 
@@ -41,7 +42,7 @@ from xpatch.core.overlap_add import (
     normalise,
     place_patches,
 )
-from xpatch.core.plan import Plan
+from xpatch.core.plan import Plan, chunk_starts
 from xpatch.core.regroup import row_sources
 from xpatch.core.vote import vote_partial, vote_pieces
 from xpatch.core.weighted import check_weights, weigher, weighted_sums
@@ -100,6 +101,17 @@ class Partial:
         weight = None if part.weight is None else part.weight.copy()
         shadow = None if part.shadow is None else part.shadow.copy()
         return replace(part, total=part.total.copy(), weight=weight, shadow=shadow)
+
+    def lead_part(self, index: Sequence[slice]) -> Partial:
+        """Return a copy of the part at ``index`` along the lead axes (the box whole).
+
+        Lets one group's partial feed output blocks that split the lead axes.
+        """
+        labels = (slice(None),) if self.labels is not None else ()  # votes: labels first
+        total = self.total[(*labels, *index)].copy()
+        weight = None if self.weight is None else self.weight[tuple(index)].copy()
+        shadow = None if self.shadow is None else self.shadow[tuple(index)].copy()
+        return replace(self, total=total, weight=weight, shadow=shadow)
 
     def view(self, origin: Sequence[int], shape: Sequence[int], size: Sequence[int]):
         """Return the part inside ``[origin, origin + shape)`` (views), or None."""
@@ -260,6 +272,59 @@ def combine_partials(
             extent = piece.total.shape[-k:]
             weight[region(piece)] += window_sums(piece.origin, extent, piece.anchors).total()
     return normalise(out, weight, reduce).astype(acc, copy=False)
+
+
+def output_lead_chunks(
+    lead_shape: Sequence[int], plan: Plan, itemsize: int, limit: int
+) -> tuple[tuple[int, ...], ...]:
+    """Chunks of the lead (non-patched) axes that keep an output block within ``limit`` bytes.
+
+    Whole unless the largest output block would pass ``limit``; then the last
+    axes are kept whole first and the rest split evenly (a single lead cell per
+    block at the least).
+
+    Examples
+    --------
+    >>> from xpatch.core.plan import ChunkGrid
+    >>> plan = Plan.compile(np.zeros((1, 2), int), ChunkGrid.from_chunks([(1024,), (1024,)]),
+    ...                     [8, 8], keep_order=True)
+    >>> output_lead_chunks([100], plan, 4, 128 * 2**20)
+    ((32, 32, 32, 4),)
+    >>> output_lead_chunks([3], plan, 4, 128 * 2**20)
+    ((3,),)
+    """
+    block_cells = int(np.prod([max(c) if c else 0 for c in plan.grid.chunks], dtype=np.int64))
+    budget = max(int(limit) // max(block_cells * int(itemsize), 1), 1)
+    sizes = []
+    for n in reversed([int(n) for n in lead_shape]):
+        size = min(n, budget) if n else 0
+        budget = max(budget // max(size, 1), 1)
+        sizes.append(size)
+    return tuple(
+        normalize_chunks((size or n,), (n,))[0] for size, n in zip(reversed(sizes), lead_shape)
+    )
+
+
+def split_lead(
+    layer: dict, partial_keys: dict, chunks: Sequence[Sequence[int]], name: str
+) -> dict[tuple[int, tuple[int, ...]], tuple]:
+    """Add tasks that cut each group's whole-lead partial into the lead ``chunks``' blocks.
+
+    ``partial_keys`` maps ``(g, (0, ...))`` to whole-lead partials; returns the
+    keys per ``(g, lead_block)`` for :func:`assemble_blocks` (the same keys when
+    the lead axes are one block).
+    """
+    if all(len(c) == 1 for c in chunks):
+        return partial_keys
+    starts = [chunk_starts(c) for c in chunks]
+    out = {}
+    for (g, _), key in partial_keys.items():
+        for block in itertools.product(*(range(len(c)) for c in chunks)):
+            index = tuple(slice(starts[j][b], starts[j][b + 1]) for j, b in enumerate(block))
+            part = (f"{name}-lead", g, *block)
+            layer[part] = (Partial.lead_part, key, index)
+            out[(g, block)] = part
+    return out
 
 
 def _overhang_task(partial: Partial, blocks: list, size) -> dict:

@@ -206,7 +206,8 @@ def chunk_order(block_ids: np.ndarray, count: int) -> np.ndarray:
     return np.argsort(block_ids, kind="stable")
 
 
-def _frozen(array: np.ndarray, dtype=np.int64) -> np.ndarray:
+def frozen_array(array: np.ndarray, dtype=np.int64) -> np.ndarray:
+    """Return a read-only copy of ``array``, as a plan holds its arrays."""
     array = np.array(array, dtype=dtype)
     array.setflags(write=False)
     return array
@@ -295,7 +296,9 @@ class Plan:
             for start, stop in zip(starts.tolist(), stops.tolist())
             for s in range(start, stop, step)
         )
-        return cls(grid, tuple(int(s) for s in size), _frozen(anchors), _frozen(order), groups)
+        return cls(
+            grid, tuple(int(s) for s in size), frozen_array(anchors), frozen_array(order), groups
+        )
 
     def __len__(self) -> int:
         return len(self.anchors)
@@ -311,14 +314,14 @@ class Plan:
     @functools.cached_property
     def sorted_anchors(self) -> np.ndarray:
         """The anchors in chunk order."""
-        return _frozen(self.anchors[self.order])
+        return frozen_array(self.anchors[self.order])
 
     @functools.cached_property
     def position(self) -> np.ndarray:
         """The chunk-order position of each patch (the inverse of :attr:`order`)."""
         position = np.empty(len(self.order), dtype=np.int64)
         position[self.order] = np.arange(len(self.order))
-        return _frozen(position)
+        return frozen_array(position)
 
     @property
     def in_chunk_order(self) -> bool:
@@ -381,7 +384,7 @@ class Plan:
         return Plan(
             self.grid.project(axes),
             tuple(self.size[j] for j in axes),
-            _frozen(self.anchors[:, axes]),
+            frozen_array(self.anchors[:, axes]),
             self.order,
             self.groups,
         )
