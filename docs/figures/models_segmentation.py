@@ -42,8 +42,8 @@ for ax, (title, values) in zip(
     axes[1:],
     {
         "nearest class centre (the truth)": truth,
-        f'argmax of blended scores ({labels.dtype})': labels,
-        f'vote of patch labels ({per_patch.dtype})': per_patch,
+        f"argmax of blended scores ({labels.dtype})": labels,
+        f"vote of patch labels ({per_patch.dtype})": per_patch,
     }.items(),
 ):
     ax.imshow(values, cmap=cmap, vmin=0, vmax=2, interpolation="nearest")
@@ -54,4 +54,4 @@ for ax, values in zip(axes[2:], (labels, per_patch)):
 for ax in axes:
     ax.set_xticks([])
     ax.set_yticks([])
-fig.suptitle("A 3-class model on 48 x 48 patches, stride 32, hann window: scores blended, then labels")
+fig.suptitle("A 3-class model on 48 x 48 patches, stride 32, hann window: blended, then labels")

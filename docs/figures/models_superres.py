@@ -19,12 +19,12 @@ p = scene.patch(y=16, x=16, stride=8, window="hann")
 
 
 def bilinear_x2(batch: np.ndarray) -> np.ndarray:
-    """A stand-in SR network: bilinear zoom of each patch, (b, 1, 16, 16) -> (b, 1, 32, 32)."""
+    """Zoom each patch bilinearly, a stand-in SR network: (b, 1, 16, 16) -> (b, 1, 32, 32)."""
     return ndimage.zoom(batch, (1, 1, 2, 2), order=1, mode="nearest", grid_mode=True)
 
 
 def quarter_head(batch: np.ndarray) -> np.ndarray:
-    """A segmentation-like head at 1/4 resolution: the mean of each 4 x 4 block."""
+    """Average each 4 x 4 block, a head at 1/4 resolution."""
     b, c, ny, nx = batch.shape
     return batch.reshape(b, c, ny // 4, 4, nx // 4, 4).mean(axis=(3, 5))
 
@@ -45,4 +45,6 @@ for ax, (title, da) in zip(axes, panels.items()):
     ax.set_xlabel("x (m)")
 axes[0].set_ylabel("y (m)")
 fig.colorbar(shown, ax=axes, shrink=0.85)
-fig.suptitle("One patcher (16 x 16 patches, stride 8), three output resolutions over the same extent")
+fig.suptitle(
+    "One patcher (16 x 16 patches, stride 8), three output resolutions over the same extent"
+)
