@@ -13,19 +13,10 @@ import pytest
 import xarray as xr
 
 import xpatch  # noqa: F401 (registers .patch)
+from tests.test_pad_mode import mean3x3
 
 torch = pytest.importorskip("torch")
 inferers = pytest.importorskip("monai.inferers")
-
-
-def mean3x3(batch: np.ndarray) -> np.ndarray:
-    """A 3x3 mean filter over the last two axes, 'same' size, zero outside the patch."""
-    padded = np.pad(batch, [(0, 0)] * (batch.ndim - 2) + [(1, 1), (1, 1)])
-    out = np.zeros_like(batch)
-    for dy in range(3):
-        for dx in range(3):
-            out += padded[..., dy : dy + batch.shape[-2], dx : dx + batch.shape[-1]]
-    return out / 9
 
 
 def monai(image: np.ndarray, fn, **options) -> np.ndarray:
