@@ -253,3 +253,15 @@ def test_geotiff_bands_keep_labels_exact_and_nodata_as_nodata(tmp_path):
         small = scores.rename(x="lon").isel(lon=[0])
         xpatch.write(xr.Dataset({"s": scores, "t": small}), tmp_path / "f.tif", progress=False)
     assert not list(tmp_path.glob("[def].tif*"))
+
+
+def test_geotiff_bands_do_not_take_one_variable_s_attributes():
+    from xpatch.bands import stack_bands
+
+    a = xr.DataArray(np.ones((2, 2), "uint8"), dims=("y", "x"),
+                     attrs={"scale_factor": 0.5, "units": "class"})  # fmt: skip
+    b = xr.DataArray(np.ones((2, 2), "float32"), dims=("y", "x"), attrs={"units": "m"})
+    stacked = stack_bands(xr.Dataset({"a": a, "b": b}))
+    assert set(stacked.attrs) == {"long_name", "_FillValue"}
+    with pytest.raises(xpatch.OptionError, match=r"None: it has none"):
+        stack_bands(xr.Dataset({"a": a.assign_attrs(_FillValue=255), "c": a}))

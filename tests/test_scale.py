@@ -330,3 +330,34 @@ def test_cli_scale_writes_the_scaled_geotiff(raster, tmp_path, capsys, fn, scale
     np.testing.assert_allclose(out.values, expected, rtol=1e-5)
     assert main([*argv[:-3], "--scale", "y=0", "--no-progress"]) == 2
     assert "not a positive scale factor" in capsys.readouterr().err
+
+
+def repeat_cells(values: xr.DataArray, factor: int) -> xr.DataArray:
+    """Every cell of the patched dims y and x that ``values`` has, ``factor`` times."""
+    for dim in ("y", "x"):
+        if dim in values.dims:
+            values = values.isel({dim: np.repeat(np.arange(values.sizes[dim]), factor)})
+    return values
+
+
+def test_lazy_predictions_with_lazy_anchor_coordinates_reconstruct_scaled():
+    da = xr.DataArray(np.arange(64.0).reshape(8, 8), dims=("y", "x")).chunk(4)
+    p = da.patch(y=4, x=4)
+    bigger = repeat_cells(p.patches().chunk(), 2)  # its anchor coordinates are lazy
+    with forbid_compute():
+        out = p.reconstruct(bigger)
+    np.testing.assert_array_equal(out.values, np.repeat(np.repeat(da.values, 2, 0), 2, 1))
+    # anchors that are not this patcher's are still caught, on the output grid too
+    wrong = bigger.assign_coords(y_anchor=bigger.y_anchor + 1)
+    with pytest.raises(PredictionError, match=r"carries anchor \[\d+, (\d+)\] where the patch at \[\d+, \1\]"):
+        p.reconstruct(wrong).compute()
+
+
+def test_dataset_predictions_read_the_scale_off_every_variable():
+    ds = xr.Dataset({"a": (("y", "x"), np.arange(64.0).reshape(8, 8)), "b": ("x", np.arange(8.0))})
+    p = ds.patch(y=4, x=4)
+    bigger = p.patches().map(repeat_cells, factor=2)
+    for order in (["a", "b"], ["b", "a"]):  # "b" lacks y: its shape tells nothing of y
+        out = p.reconstruct(bigger[order])
+        np.testing.assert_array_equal(out["b"], np.repeat(np.arange(8.0), 2))
+        assert out["a"].shape == (16, 16)

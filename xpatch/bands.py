@@ -13,7 +13,7 @@ from collections.abc import Hashable
 import numpy as np
 import xarray as xr
 
-from xpatch.cf import file_nodata
+from xpatch.cf import encoded_nodata_of, nodata_of
 from xpatch.core.errors import OptionError
 from xpatch.geo import geotiff_layout
 
@@ -92,7 +92,8 @@ def stack_bands(dataset: xr.Dataset) -> xr.DataArray:
                 f"variable {name!r} lies on a grid {here[2]} and the first on {grid[2]}: one "
                 "GeoTIFF holds one grid. Write them to separate GeoTIFFs, or to zarr."
             )
-        fill = file_nodata(var)
+        fill = nodata_of(var)
+        fill = encoded_nodata_of(var) if fill is None else fill
         if others:
             (dim,) = others
             labels = var[dim].values if dim in var.coords else np.arange(var.sizes[dim])
@@ -108,12 +109,14 @@ def stack_bands(dataset: xr.Dataset) -> xr.DataArray:
         pieces.append(var.astype(dtype).variable)
     if len({None if f is None else float(f) for f in fills.values()}) > 1:
         raise OptionError(
-            f"the variables' nodata values differ ({fills}), and a GeoTIFF has one; give them "
-            "the same (apply's nodata=), or write zarr."
+            f"the variables' nodata values differ ({fills}; None: it has none), and a GeoTIFF "
+            "has one; give every variable the same (apply's nodata=, or "
+            "var.assign_attrs(_FillValue=...)), or write zarr."
         )
     data = xr.Variable.concat(pieces, dim=BAND_DIM)
     coords = {n: c.variable for n, c in dataset.coords.items() if set(c.dims) <= set(data.dims)}
     coords[BAND_DIM] = xr.Variable(BAND_DIM, np.arange(1, len(descriptions) + 1))
+    data.attrs = {}  # concat keeps the first variable's: its units or scale would misread others
     out = xr.DataArray(data, coords=coords, name="bands")
     out.attrs["long_name"] = tuple(descriptions)
     nodata = np.nan if floating else next((f for f in fills.values() if f is not None), None)

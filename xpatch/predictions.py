@@ -214,9 +214,12 @@ def reconstruct_variable(
     if isinstance(data, da.Array):
         if lazy_anchors is not None and len(columns) < len(p.dims):
             lazy_anchors = [lazy_anchors[j] for j in columns]
+        # The predictions carry the input's anchors: checked against the input's plan.
+        input_plan = p.plan if len(columns) == len(p.dims) else p.plan.project(columns)
         out = overlap_add_dask(
-            data, plan, window, reduce, rows=rows, carried_anchors=lazy_anchors, weights=wdata
-        )
+            data, plan, window, reduce, rows=rows, carried_anchors=lazy_anchors, weights=wdata,
+            carried_plan=None if grid.identity else input_plan,
+        )  # fmt: skip
     else:
         # Row r holds patch inverse[r]: place the rows where they are, uncopied.
         anchors = plan.anchors if rows is None else plan.anchors[np.argsort(rows)]
@@ -435,9 +438,8 @@ def reconstruct(
                 f"pred has no data variable with a {PATCH_DIM!r} dim; its variables are "
                 f"{list(pred.data_vars)!r}."
             )
-        # One output grid for every variable: read off the first one's patch shape.
-        first = pred[patched[0]]
-        grid = output_grid(p, inferred_scale(p, first.sizes) if scale is None else scale)
+        # One output grid for every variable: a Dataset has one size per dim.
+        grid = output_grid(p, inferred_scale(p, pred.sizes) if scale is None else scale)
         variables = {}
         for name, var in pred.data_vars.items():
             if name not in patched:

@@ -392,14 +392,16 @@ def assemble_blocks(
 
 
 def _partial_task(
-    predictions, anchors, origin, box_shape, window, reduce, columns, dtype, weights=None
-):
+    predictions, anchors, origin, box_shape, window, reduce, columns, dtype, weights=None,
+    expected=None,
+):  # fmt: skip
     carried = None if columns is None else np.stack(columns, axis=1)
-    if carried is not None and not np.array_equal(carried, anchors):
-        bad = int(np.flatnonzero((np.asarray(carried) != anchors).any(axis=1))[0])
+    expected = anchors if expected is None else expected
+    if carried is not None and not np.array_equal(carried, expected):
+        bad = int(np.flatnonzero((np.asarray(carried) != expected).any(axis=1))[0])
         raise PredictionError(
             f"a prediction carries anchor {np.asarray(carried)[bad].tolist()} where the patch "
-            f"at {anchors[bad].tolist()} belongs: lazy {{dim}}_anchor coordinates are checked, "
+            f"at {expected[bad].tolist()} belongs: lazy {{dim}}_anchor coordinates are checked, "
             "not matched. Keep the predictions in the order of p.anchors(), or load the "
             "anchor coordinates (pred.assign_coords({c: pred[c].compute() ...})) to have "
             "them put in order."
@@ -415,6 +417,7 @@ def overlap_add_dask(
     rows: np.ndarray | None = None,
     carried_anchors: Sequence[da.Array] | None = None,
     weights: da.Array | np.ndarray | None = None,
+    carried_plan: Plan | None = None,
 ) -> da.Array:
     """Reconstruct dask predictions lazily: a partial per group, a task per output block.
 
@@ -445,6 +448,9 @@ def overlap_add_dask(
         checks its rows' against the plan's and raises
         :class:`~xpatch.PredictionError` on a mismatch (computing them to match
         them up would compute while building the graph).
+    carried_plan
+        The plan whose anchors the carried ones are (the input's, when ``plan``
+        is on an output grid at another resolution); default ``plan``.
     weights
         Weights multiplied into the window, row for row with ``predictions``:
         ``(n, *lead, *patch)`` with size-1 axes where they repeat, chunked any way
@@ -484,6 +490,8 @@ def overlap_add_dask(
                 ]
             task = (_partial_task, source, anchors, lo, shape, window_key, reduce, carried)
             layer[key] = (*task, acc)
+            if carried_plan is not None:
+                layer[key] += (None, carried_plan.group_anchors(g))
             if weights is not None:
                 index = [b if weights.shape[1 + j] > 1 else 0 for j, b in enumerate(lead_block)]
                 layer[key] += (
