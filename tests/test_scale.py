@@ -349,7 +349,8 @@ def test_lazy_predictions_with_lazy_anchor_coordinates_reconstruct_scaled():
     np.testing.assert_array_equal(out.values, np.repeat(np.repeat(da.values, 2, 0), 2, 1))
     # anchors that are not this patcher's are still caught, on the output grid too
     wrong = bigger.assign_coords(y_anchor=bigger.y_anchor + 1)
-    with pytest.raises(PredictionError, match=r"carries anchor \[\d+, (\d+)\] where the patch at \[\d+, \1\]"):
+    mismatch = r"carries anchor \[\d+, (\d+)\] where the patch at \[\d+, \1\]"
+    with pytest.raises(PredictionError, match=mismatch):
         p.reconstruct(wrong).compute()
 
 
