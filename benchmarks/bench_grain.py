@@ -29,7 +29,11 @@ import dask.array as dsa
 import grain
 import numpy as np
 import xarray as xr
-import xbatcher
+
+try:
+    import xbatcher
+except ImportError:  # bench_speed.py reuses this module; figure 1 needs xbatcher
+    xbatcher = None
 
 # Shared with the core benchmarks (this folder is on sys.path when a script runs).
 from bench_core import best_of, fmt_time, print_table, version_line

@@ -61,7 +61,8 @@ def test_core_runs_with_xarray_unimportable():
         import xpatch.core as core
         g = core.Geometry.build({{"x": 10}}, {{"x": 4}}, 3, "shift")
         w = core.make_window("hann", g.dims, g.size)
-        out = core.overlap_add(np.ones((4, 4)), g.grid_anchors(), g.shape, w)
+        anchors = g.grid_anchors()
+        out = core.overlap_add(np.ones((len(anchors), 4)), anchors, g.shape, w)
         assert np.allclose(out, 1.0)
         print("ok")
         """

@@ -33,6 +33,7 @@ from xpatch.core.dtypes import covers_every_cell as covers_every_cell  # re-expo
 from xpatch.core.dtypes import plan_covers as plan_covers
 from xpatch.core.dtypes import result_dtype as result_dtype
 from xpatch.core.errors import PredictionError
+from xpatch.core.lattice import lattice_overlap_add, product_total
 from xpatch.core.overlap_add import (
     BlendWindow,
     BlockWeights,
@@ -40,6 +41,7 @@ from xpatch.core.overlap_add import (
     check_wrapped,
     integer_sum_shadow,
     normalise,
+    on_lattice,
     place_patches,
 )
 from xpatch.core.plan import Plan, chunk_starts
@@ -164,6 +166,14 @@ def partial_sums(
     if acc.kind not in "iub" and weights is None:  # float weights make floats anyway
         check_exact_in_float([predictions], reduce, window)
     acc = working_dtype(acc, reduce, window)  # combine_partials casts back
+    patch_cells = int(np.prod(predictions.shape[1:], dtype=np.int64))
+    if on_lattice(reduce, acc, window, weights, patch_cells):
+        total = lattice_overlap_add(
+            [anchors], [predictions], origin, box_shape, window.factors, False, acc,
+            nan_uncovered=False,
+        )  # fmt: skip
+        if total is not None:
+            return Partial(origin, total, None, np.asarray(anchors, dtype=np.int64).reshape(-1, k))
     box = (*lead, *(int(n) for n in box_shape))
     placements = place_patches(origin, box_shape, [anchors], window.values.shape)
     reaching = np.array([p.anchor for p in placements], dtype=np.int64).reshape(-1, k)
@@ -258,12 +268,15 @@ def combine_partials(
 
     if all(piece.weight is None for piece in pieces):
         anchors = np.concatenate([np.empty((0, k), np.int64), *(p.anchors for p in pieces)])
-        weights = window_sums(origin, block_shape, anchors)
-        if weights.covers_all():
+        # Σw of a product grid is the outer product of per-axis sums: no loop over patches.
+        total = product_total(anchors, window.factors, origin, block_shape)
+        if total is None:
+            total = window_sums(origin, block_shape, anchors).total()
+        if (total > 0).all():
             if reduce == "mean":
-                np.divide(out, weights.total().astype(real), out=out)
+                np.divide(out, total.astype(real), out=out)
             return out.astype(acc, copy=False)
-        return normalise(out, weights.total(), reduce).astype(acc, copy=False)
+        return normalise(out, total, reduce).astype(acc, copy=False)
     weight = np.zeros(out_shape, dtype=real)
     for piece in pieces:
         if piece.weight is not None:

@@ -1,0 +1,126 @@
+"""The lattice kernel (one strided pass per phase) against the brute-force reference.
+
+Eager and lazy, on regular grids with a shifted last patch, gaps, padding past the
+end, several groups, lead dims, means and sums; it must be the path taken for them,
+and NaN predictions must fall back to the exact per-cell path.
+"""
+
+from __future__ import annotations
+
+import itertools
+from unittest import mock
+
+import dask.array as dsa
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.test_kernels import reference as grid_reference
+from xpatch.core import lattice
+from xpatch.core.overlap_add import overlap_add, overlap_add_groups
+from xpatch.core.partials import overlap_add_dask
+from xpatch.core.plan import ChunkGrid, Plan
+
+
+@st.composite
+def lattices(draw):
+    k = draw(st.integers(1, 3))
+    size = [draw(st.integers(1, 6)) for _ in range(k)]
+    stride = [draw(st.integers(1, s + 3)) for s in size]  # overlaps, abutting, gaps
+    grid = [s + draw(st.integers(0, 14)) for s in size]
+    pad = draw(st.booleans())  # patches past the end, as boundary="pad" makes them
+    starts = []
+    for g, s, t in zip(grid, size, stride):
+        regular = list(range(0, g if pad else g - s + 1, t))
+        if not pad and draw(st.booleans()):
+            regular.append(g - s)  # boundary="shift": the last patch flush with the end
+        starts.append(sorted(set(regular)))
+    anchors = np.array(list(itertools.product(*starts)), dtype=np.int64)
+    lead = draw(st.integers(0, 2))
+    rng = np.random.default_rng(draw(st.integers(0, 2**16)))
+    pred = rng.normal(size=(len(anchors), *([2] * lead), *size))
+    factors = [rng.random(s) + 0.1 for s in size]
+    window = factors[0] if k == 1 else np.multiply.outer(factors[0], factors[1])
+    if k == 3:
+        window = np.multiply.outer(window, factors[2])
+    chunks = [draw(st.integers(1, g)) for g in grid]
+    reduce = draw(st.sampled_from(["mean", "sum"]))
+    return pred, anchors, grid, window, reduce, chunks
+
+
+def reference(pred, anchors, grid, window, reduce):
+    """The brute force of tests/test_kernels.py, on a grid that holds the overhang, cropped."""
+    extended = [max(g, int(anchors[:, j].max()) + n)
+                for j, (g, n) in enumerate(zip(grid, window.shape))]  # fmt: skip
+    out = grid_reference(pred, anchors, extended, window, reduce)
+    return out[(Ellipsis, *(slice(0, g) for g in grid))]
+
+
+def counted():
+    return mock.patch.object(lattice, "lattice_add", wraps=lattice.lattice_add)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(lattices())
+def test_lattice_matches_the_reference_eager_grouped_and_lazy(case):
+    pred, anchors, grid, window, reduce, chunks = case
+    expected = reference(pred, anchors, grid, window, reduce)
+    with counted() as calls:
+        eager = overlap_add(pred, anchors, grid, window, reduce, threads=2)
+    assert calls.call_count == 1  # the lattice took it
+    np.testing.assert_allclose(eager, expected, rtol=1e-10, atol=1e-12)
+
+    # Several groups, one per chunk (as apply_numpy hands them over).
+    plan = Plan.compile(anchors, ChunkGrid.from_chunks(
+        dsa.core.normalize_chunks(chunks, tuple(grid))), window.shape, keep_order=True)  # fmt: skip
+    groups = [plan.group_members(g) for g in range(len(plan.groups))]
+    with counted() as calls:
+        grouped = overlap_add_groups(
+            [anchors[g] for g in groups], [pred[g] for g in groups], grid, window, reduce
+        )
+    assert calls.call_count == len(groups)
+    np.testing.assert_allclose(grouped, expected, rtol=1e-10, atol=1e-12)
+
+    lazy_pred = dsa.from_array(pred, chunks=(5, *pred.shape[1:]))
+    with counted() as calls:
+        lazy = overlap_add_dask(lazy_pred, plan, window, reduce).compute(scheduler="sync")
+    assert calls.call_count == len(groups)
+    np.testing.assert_allclose(lazy, expected, rtol=1e-10, atol=1e-12)
+
+
+def test_nan_predictions_fall_back_to_the_exact_path():
+    anchors = np.array(list(itertools.product(range(0, 9, 3), range(0, 9, 3))))
+    pred = np.random.default_rng(0).normal(size=(len(anchors), 4, 4))
+    pred[0, 1, 1] = np.nan
+    pred[4, 0, :] = np.nan
+    window = np.multiply.outer(np.hanning(6)[1:5], np.hanning(6)[1:5])
+    for reduce in ("mean", "sum"):
+        expected = reference(pred, anchors, (10, 10), window, reduce)
+        out = overlap_add(pred, anchors, (10, 10), window, reduce)
+        np.testing.assert_allclose(out, expected, rtol=1e-12)
+        lazy = overlap_add_dask(
+            dsa.from_array(pred, chunks=4),
+            Plan.compile(anchors, ChunkGrid.from_chunks([(5, 5), (5, 5)]), [4, 4],
+                         keep_order=True),
+            window, reduce,
+        ).compute()  # fmt: skip
+        np.testing.assert_allclose(lazy, expected, rtol=1e-12)
+
+
+def test_irregular_and_unordered_layouts_are_left_to_the_loop():
+    window = np.ones((2, 2))
+    scattered = np.array([[0, 0], [1, 3], [4, 1]])
+    unordered = np.array([[2, 0], [0, 0], [2, 2], [0, 2]])
+    for anchors in (scattered, unordered):
+        pred = np.random.default_rng(1).normal(size=(len(anchors), 2, 2))
+        with counted() as calls:
+            out = overlap_add(pred, anchors, (6, 6), window, "mean")
+        assert calls.call_count == 0
+        np.testing.assert_allclose(out, reference(pred, anchors, (6, 6), window, "mean"))
+
+
+def test_runs_split_overlapping_progressions_and_irregular_tails():
+    assert lattice.axis_runs(np.arange(0, 40, 8), 8) == [slice(0, 5, 1)]
+    assert lattice.axis_runs(np.arange(0, 40, 4), 8) == [slice(0, 10, 2), slice(1, 10, 2)]
+    assert lattice.axis_runs(np.array([0, 8, 16, 20]), 8) == [slice(0, 3, 1), slice(3, 4, 1)]
+    assert lattice.axis_runs(np.arange(0, 100), 40) is None  # 40 runs: too many

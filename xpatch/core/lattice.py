@@ -1,0 +1,346 @@
+"""Overlap-add on a lattice: one strided pass per phase, not a loop over patches.
+
+Patches whose anchors form a product grid (every regular grid does, and every
+chunk's share of one) are added phase by phase. Along an axis the starts split
+into **runs**, arithmetic progressions whose members lie at least a patch apart
+(stride 8 and size 16: the even and the odd patches; a shifted last patch: a run
+of its own); a **phase** takes one run per axis. The patches of a phase do not
+overlap, so the output cells they cover are a strided view of the output, and the
+phase is one vectorised multiply-add of the predictions (also a view) into it,
+cut into row chunks that stay in cache and that threads share (the rows of a
+phase are disjoint). The cost is a few numpy calls per phase and chunk, whatever
+the number of patches: small patches (8 x 8) no longer pay Python's cost per
+patch, and large ones pass over memory once per phase.
+
+Weights are separable: per axis a ``(count, size)`` array gives the weight of each
+offset of each start, the window's factor, or for a ``"mean"`` that factor over
+the axis' total weight Σw (the total of a product grid is the outer product of
+per-axis sums), so no division pass follows.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+#: Most runs per axis before the layout counts as irregular (the loop over patches then).
+MAX_RUNS = 16
+
+#: Bytes of predictions handled per numpy call: a piece stays in cache.
+CHUNK_BYTES = 512 * 2**10
+
+
+def product_starts(anchors: np.ndarray) -> list[np.ndarray] | None:
+    """Return the per-axis starts if ``anchors`` are exactly their product, in C order.
+
+    Examples
+    --------
+    >>> [s.tolist() for s in product_starts(np.array([[0, 0], [0, 4], [2, 0], [2, 4]]))]
+    [[0, 2], [0, 4]]
+    >>> product_starts(np.array([[0, 4], [0, 0]])) is None
+    True
+    """
+    anchors = np.asarray(anchors)
+    if anchors.ndim != 2 or len(anchors) == 0:
+        return None
+    starts = [np.unique(anchors[:, j]) for j in range(anchors.shape[1])]
+    if int(np.prod([len(s) for s in starts], dtype=np.int64)) != len(anchors):
+        return None
+    grid = np.stack(np.meshgrid(*starts, indexing="ij"), axis=-1).reshape(len(anchors), -1)
+    return starts if np.array_equal(grid, anchors) else None
+
+
+def covering_starts(anchors: np.ndarray) -> list[np.ndarray] | None:
+    """Return the per-axis starts if ``anchors`` are their whole product, each once (any order).
+
+    Examples
+    --------
+    >>> [s.tolist() for s in covering_starts(np.array([[2, 0], [0, 0], [0, 5], [2, 5]]))]
+    [[0, 2], [0, 5]]
+    >>> covering_starts(np.array([[0, 0], [0, 0], [1, 1], [1, 0]])) is None
+    True
+    """
+    anchors = np.asarray(anchors)
+    starts = [np.unique(anchors[:, j]) for j in range(anchors.shape[1])]
+    count = int(np.prod([len(st) for st in starts], dtype=np.int64))
+    if count != len(anchors):
+        return None
+    index = np.ravel_multi_index(
+        [np.searchsorted(st, anchors[:, j]) for j, st in enumerate(starts)],
+        [len(st) for st in starts],
+    )
+    seen = np.zeros(count, dtype=bool)
+    seen[index] = True
+    return starts if seen.all() else None
+
+
+def axis_runs(starts: np.ndarray, size: int) -> list[slice] | None:
+    """Split sorted ``starts`` into runs of members at least ``size`` apart (index slices).
+
+    None if that takes more than :data:`MAX_RUNS` runs (an irregular layout).
+
+    Examples
+    --------
+    >>> axis_runs(np.array([0, 8, 16, 24, 28]), 16)
+    [slice(0, 4, 2), slice(1, 4, 2), slice(4, 5, 1)]
+    """
+    runs: list[slice] = []
+    i, count = 0, len(starts)
+    while i < count:
+        j = i
+        if i + 1 < count:
+            step = int(starts[i + 1] - starts[i])
+            j = i + 1
+            while j + 1 < count and starts[j + 1] - starts[j] == step:
+                j += 1
+            apart = 1 if step >= size else -(-size // step)
+        else:
+            apart = 1
+        runs += [slice(i + r, j + 1, apart) for r in range(min(apart, j - i + 1))]
+        if len(runs) > MAX_RUNS:
+            return None
+        i = j + 1
+    return runs
+
+
+def axis_sums(starts: np.ndarray, factor: np.ndarray, origin: int, extent: int) -> np.ndarray:
+    """Σ of ``factor`` placed at every start, over ``[origin, origin + extent)`` (float64).
+
+    Examples
+    --------
+    >>> axis_sums(np.array([0, 2]), np.ones(3), 0, 5).tolist()
+    [1.0, 1.0, 2.0, 1.0, 1.0]
+    """
+    total = np.zeros(extent + len(factor), dtype=np.float64)
+    offsets = np.asarray(starts, dtype=np.int64) - origin
+    inside = (offsets > -len(factor)) & (offsets < extent)
+    index = offsets[inside, None] + np.arange(len(factor))
+    keep = index >= 0
+    np.add.at(total, index[keep], np.broadcast_to(factor, index.shape)[keep])
+    return total[:extent]
+
+
+def lattice_add(
+    out: np.ndarray,
+    origin: Sequence[int],
+    starts: Sequence[np.ndarray],
+    predictions: np.ndarray,
+    axis_weights: Sequence[np.ndarray],
+    pool: ThreadPoolExecutor | None = None,
+) -> bool:
+    """Add ``Σ w·x`` of a product grid of patches into ``out``; False if the layout is irregular.
+
+    Parameters
+    ----------
+    out
+        ``(*lead, *extent)`` at ``origin``; it must hold every patch whole.
+    starts
+        Per axis, the sorted starts of the product grid.
+    predictions
+        ``(n, *lead, *patch)`` in the C order of the grid (row-major over ``starts``).
+    axis_weights
+        Per axis, ``(len(starts[j]), patch[j])`` weights of each offset of each start.
+    pool
+        Threads that share the pieces of each phase (default: this thread).
+
+    Examples
+    --------
+    >>> out = np.zeros(6)
+    >>> w = [np.ones((2, 4))]
+    >>> lattice_add(out, [0], [np.array([0, 2])], np.ones((2, 4)), w)
+    True
+    >>> out.tolist()
+    [1.0, 1.0, 2.0, 2.0, 1.0, 1.0]
+    """
+    k = len(starts)
+    size = predictions.shape[predictions.ndim - k :]
+    runs = [axis_runs(s, n) for s, n in zip(starts, size)]
+    if any(r is None for r in runs):
+        return False
+    lead = predictions.shape[1 : predictions.ndim - k]
+    n_lead = len(lead)
+    grid = predictions.reshape(*(len(s) for s in starts), *lead, *size)
+    # (c_1, ..., c_k, *lead, n_1, ..., n_k) -> (*lead, c_1, n_1, ..., c_k, n_k)
+    order = [*range(k, k + n_lead)]
+    for j in range(k):
+        order += [j, k + n_lead + j]
+    phases = [tuple(p) for p in np.ndindex(*(len(r) for r in runs))]
+    for phase in phases:
+        chosen = [runs[j][phase[j]] for j in range(k)]
+        values = grid[tuple(chosen)].transpose(order)
+        counts = [len(range(*c.indices(len(s)))) for c, s in zip(chosen, starts)]
+        firsts = [int(s[c.start]) - int(o) for c, s, o in zip(chosen, starts, origin)]
+        steps = [
+            int(s[c.start + c.step] - s[c.start]) if n > 1 else 1
+            for c, s, n in zip(chosen, starts, counts)
+        ]
+        base = out[(Ellipsis, *(slice(f, None) for f in firsts))]
+        shape, strides = list(out.shape[:n_lead]), list(out.strides[:n_lead])
+        for j in range(k):
+            stride = out.strides[n_lead + j]
+            shape += [counts[j], size[j]]
+            strides += [steps[j] * stride, stride]
+        target = as_strided(base, shape=shape, strides=strides, writeable=True)
+        weights = [axis_weights[j][chosen[j]].astype(out.dtype, copy=False) for j in range(k)]
+        _add_phase(target, values, weights, n_lead, pool)
+    return True
+
+
+def _add_phase(target, values, weights, n_lead: int, pool: ThreadPoolExecutor | None) -> None:
+    """``target += values * weights`` over one phase, in pieces that stay in cache.
+
+    A piece is a run of rows of the phase's first axis (or, for large patches, a
+    band of one row), multiplied by the other axes' weights, then by its own.
+    """
+    rest = functools.reduce(np.multiply.outer, weights[1:], np.ones((), dtype=target.dtype))
+    rows, size = values.shape[n_lead], values.shape[n_lead + 1]
+    line_bytes = max(values[(slice(None),) * n_lead + (0, 0)].nbytes, 1)  # one offset of a row
+    lines = max(1, CHUNK_BYTES // line_bytes)  # offsets of the first axis per piece
+    if lines >= size:  # whole rows per piece
+        per = min(rows, lines // size)
+        pieces = [(slice(r, min(r + per, rows)), slice(0, size)) for r in range(0, rows, per)]
+    else:  # bands of one row
+        pieces = [(slice(r, r + 1), slice(a, min(a + lines, size)))
+                  for r in range(rows) for a in range(0, size, lines)]  # fmt: skip
+    lead_index = (slice(None),) * n_lead
+    trailing = (1,) * rest.ndim
+
+    def work(mine: list[tuple[slice, slice]]) -> None:
+        scratch = None
+        for row, band in mine:
+            index = (*lead_index, row, band)
+            part = values[index]
+            if scratch is None or scratch.shape != part.shape:
+                scratch = np.empty(part.shape, dtype=target.dtype)
+            np.multiply(part, rest, out=scratch)
+            first = weights[0][row, band]
+            scratch *= first.reshape(*first.shape, *trailing)
+            region = target[index]
+            np.add(region, scratch, out=region)
+
+    workers = 1 if pool is None else min(pool._max_workers, len(pieces))
+    if workers <= 1:
+        work(pieces)
+        return
+    list(pool.map(work, [pieces[t::workers] for t in range(workers)]))
+
+
+def lattice_weights(
+    starts: Sequence[np.ndarray],
+    factors: Sequence[np.ndarray],
+    origin: Sequence[int],
+    extent: Sequence[int],
+    normalise: bool,
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Per axis, the ``(count, size)`` weights of each start's offsets, and Σw over the extent.
+
+    With ``normalise`` each factor is divided by the axis' Σw where it lands, so
+    that the sum of the weighted patches is their weighted mean.
+    """
+    sums, weights = [], []
+    for s, f, o, n in zip(starts, factors, origin, extent):
+        total = axis_sums(s, f, o, n)
+        sums.append(total)
+        w = np.broadcast_to(f, (len(s), len(f)))
+        if normalise:
+            index = (np.asarray(s, dtype=np.int64) - o)[:, None] + np.arange(len(f))
+            with np.errstate(divide="ignore", invalid="ignore"):
+                w = np.where(
+                    total[np.clip(index, 0, n - 1)] > 0, w / total[np.clip(index, 0, n - 1)], 0
+                )
+        weights.append(np.asarray(w))
+    return weights, sums
+
+
+def product_total(
+    anchors: np.ndarray, factors: Sequence[np.ndarray] | None, origin, extent
+) -> np.ndarray | None:
+    """Σw over a box of the patches at ``anchors`` (a product grid), or None if it is not one.
+
+    Examples
+    --------
+    >>> product_total(np.array([[0], [2]]), [np.ones(3)], [0], [5]).tolist()
+    [1.0, 1.0, 2.0, 1.0, 1.0]
+    """
+    if factors is None or len(anchors) == 0:
+        return None
+    starts = covering_starts(anchors)
+    if starts is None:
+        return None
+    sums = [axis_sums(s, f, o, n) for s, f, o, n in zip(starts, factors, origin, extent)]
+    return functools.reduce(np.multiply.outer, sums)
+
+
+def lattice_overlap_add(
+    anchor_groups: Sequence[np.ndarray],
+    prediction_groups: Sequence[np.ndarray],
+    origin: Sequence[int],
+    box_shape: Sequence[int],
+    factors: Sequence[np.ndarray],
+    normalise: bool,
+    dtype: np.dtype,
+    threads: int = 1,
+    nan_uncovered: bool = True,
+) -> np.ndarray | None:
+    """Σ w·x (or the weighted mean) of groups of patches over a box, on the lattice.
+
+    Each group's anchors must be a product grid in C order, and all of them
+    together one too (a regular grid cut into chunks is); otherwise None, and so
+    for predictions holding NaN (which need per-cell weights). Cells no patch
+    covers are NaN with ``nan_uncovered``, else 0.
+
+    Examples
+    --------
+    >>> groups = [np.array([[0], [2]])], [np.array([[1.0, 1.0, 1.0], [3.0, 3.0, 3.0]])]
+    >>> lattice_overlap_add(*groups, [0], [5], [np.ones(3)], True, np.dtype("f8")).tolist()
+    [1.0, 1.0, 2.0, 3.0, 3.0]
+    """
+    k = len(box_shape)
+    size = [len(f) for f in factors]
+    union = np.concatenate([np.asarray(a, dtype=np.int64).reshape(-1, k) for a in anchor_groups])
+    group_starts = [product_starts(a) for a in anchor_groups]
+    if not len(union) or any(s is None for s in group_starts):
+        return None
+    if any(len(a) != len(v) for a, v in zip(anchor_groups, prediction_groups)):
+        return None  # not one prediction per anchor: the loop over patches says what it does
+    starts = group_starts[0] if len(anchor_groups) == 1 else covering_starts(union)
+    if starts is None:
+        return None
+    if any(axis_runs(s, n) is None for gs in group_starts for s, n in zip(gs, size)):
+        return None
+    # A buffer that holds every patch whole, from the box's origin on.
+    lo = [min(int(o), int(s[0])) for o, s in zip(origin, starts)]
+    hi = [
+        max(int(o) + int(n), int(s[-1]) + m) for o, n, s, m in zip(origin, box_shape, starts, size)
+    ]
+    extent = [h - low for h, low in zip(hi, lo)]
+    weights, sums = lattice_weights(starts, factors, lo, extent, normalise)
+    lead = prediction_groups[0].shape[1 : prediction_groups[0].ndim - k]
+    out = np.zeros((*lead, *extent), dtype=dtype)
+    pool = ThreadPoolExecutor(threads) if threads > 1 else None
+    try:
+        for anchors_starts, values in zip(group_starts, prediction_groups):
+            rows = [np.searchsorted(s, gs) for s, gs in zip(starts, anchors_starts)]
+            own = [w[r] for w, r in zip(weights, rows)]
+            lattice_add(out, lo, anchors_starts, values, own, pool)
+    finally:
+        if pool is not None:
+            pool.shutdown()
+    box = (Ellipsis, *(slice(int(o) - low, int(o) - low + int(n))
+                       for o, low, n in zip(origin, lo, box_shape)))  # fmt: skip
+    if list(lo) != [int(o) for o in origin] or extent != [int(n) for n in box_shape]:
+        out = out[box].copy()
+    if np.issubdtype(out.dtype, np.inexact) and np.isnan(out).any():
+        return None
+    if nan_uncovered:
+        covered = functools.reduce(
+            np.logical_and.outer, [s[int(o) - low : int(o) - low + int(n)] > 0
+                                   for s, o, low, n in zip(sums, origin, lo, box_shape)]
+        )  # fmt: skip
+        if not covered.all():
+            out[..., ~covered] = np.nan
+    return out
