@@ -12,11 +12,12 @@ from unittest import mock
 
 import dask.array as dsa
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.test_kernels import reference as grid_reference
-from xpatch.core import lattice
+from xpatch.core import compiled, lattice
 from xpatch.core.overlap_add import overlap_add, overlap_add_groups
 from xpatch.core.partials import overlap_add_dask
 from xpatch.core.plan import ChunkGrid, Plan
@@ -56,16 +57,34 @@ def reference(pred, anchors, grid, window, reduce):
     return out[(Ellipsis, *(slice(0, g) for g in grid))]
 
 
-def counted():
+@pytest.fixture(params=["numpy", "compiled"])
+def kernel(request, monkeypatch):
+    """Run a test with the numpy passes, and with the compiled kernel if numba is installed."""
+    if request.param == "compiled" and not compiled.AVAILABLE:
+        pytest.skip("numba is not installed (the [fast] extra)")
+    monkeypatch.setattr(compiled, "AVAILABLE", request.param == "compiled")
+    return request.param
+
+
+def counted(kernel: str = "numpy"):
+    """Count the lattice's adds: of the numpy passes, or of the compiled kernel (2-D)."""
+    if kernel == "compiled":
+        return mock.patch.object(compiled, "blend_2d", wraps=compiled.blend_2d)
     return mock.patch.object(lattice, "lattice_add", wraps=lattice.lattice_add)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(lattices())
-def test_lattice_matches_the_reference_eager_grouped_and_lazy(case):
+@settings(
+    max_examples=100,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(case=lattices())
+def test_lattice_matches_the_reference_eager_grouped_and_lazy(kernel, case):
     pred, anchors, grid, window, reduce, chunks = case
+    # The compiled kernel takes 2-D lattices; others stay with the numpy passes.
+    kernel = kernel if window.ndim == 2 else "numpy"
     expected = reference(pred, anchors, grid, window, reduce)
-    with counted() as calls:
+    with counted(kernel) as calls:
         eager = overlap_add(pred, anchors, grid, window, reduce, threads=2)
     assert calls.call_count == 1  # the lattice took it
     np.testing.assert_allclose(eager, expected, rtol=1e-10, atol=1e-12)
@@ -74,7 +93,7 @@ def test_lattice_matches_the_reference_eager_grouped_and_lazy(case):
     plan = Plan.compile(anchors, ChunkGrid.from_chunks(
         dsa.core.normalize_chunks(chunks, tuple(grid))), window.shape, keep_order=True)  # fmt: skip
     groups = [plan.group_members(g) for g in range(len(plan.groups))]
-    with counted() as calls:
+    with counted(kernel) as calls:
         grouped = overlap_add_groups(
             [anchors[g] for g in groups], [pred[g] for g in groups], grid, window, reduce
         )
@@ -82,13 +101,13 @@ def test_lattice_matches_the_reference_eager_grouped_and_lazy(case):
     np.testing.assert_allclose(grouped, expected, rtol=1e-10, atol=1e-12)
 
     lazy_pred = dsa.from_array(pred, chunks=(5, *pred.shape[1:]))
-    with counted() as calls:
+    with counted(kernel) as calls:
         lazy = overlap_add_dask(lazy_pred, plan, window, reduce).compute(scheduler="sync")
     assert calls.call_count == len(groups)
     np.testing.assert_allclose(lazy, expected, rtol=1e-10, atol=1e-12)
 
 
-def test_nan_predictions_fall_back_to_the_exact_path():
+def test_nan_predictions_fall_back_to_the_exact_path(kernel):
     anchors = np.array(list(itertools.product(range(0, 9, 3), range(0, 9, 3))))
     pred = np.random.default_rng(0).normal(size=(len(anchors), 4, 4))
     pred[0, 1, 1] = np.nan
@@ -107,13 +126,13 @@ def test_nan_predictions_fall_back_to_the_exact_path():
         np.testing.assert_allclose(lazy, expected, rtol=1e-12)
 
 
-def test_irregular_and_unordered_layouts_are_left_to_the_loop():
+def test_irregular_and_unordered_layouts_are_left_to_the_loop(kernel):
     window = np.ones((2, 2))
     scattered = np.array([[0, 0], [1, 3], [4, 1]])
     unordered = np.array([[2, 0], [0, 0], [2, 2], [0, 2]])
     for anchors in (scattered, unordered):
         pred = np.random.default_rng(1).normal(size=(len(anchors), 2, 2))
-        with counted() as calls:
+        with counted(kernel) as calls:
             out = overlap_add(pred, anchors, (6, 6), window, "mean")
         assert calls.call_count == 0
         np.testing.assert_allclose(out, reference(pred, anchors, (6, 6), window, "mean"))

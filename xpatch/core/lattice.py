@@ -27,6 +27,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
+from xpatch.core import compiled
+
 #: Most runs per axis before the layout counts as irregular (the loop over patches then).
 MAX_RUNS = 16
 
@@ -310,7 +312,9 @@ def lattice_overlap_add(
     starts = group_starts[0] if len(anchor_groups) == 1 else covering_starts(union)
     if starts is None:
         return None
-    if any(axis_runs(s, n) is None for gs in group_starts for s, n in zip(gs, size)):
+    fused = k == 2 and all(compiled.supports(v.dtype) for v in prediction_groups)
+    fused = fused and compiled.supports(dtype)
+    if not fused and any(axis_runs(s, n) is None for gs in group_starts for s, n in zip(gs, size)):
         return None
     # A buffer that holds every patch whole, from the box's origin on.
     lo = [min(int(o), int(s[0])) for o, s in zip(origin, starts)]
@@ -320,13 +324,19 @@ def lattice_overlap_add(
     extent = [h - low for h, low in zip(hi, lo)]
     weights, sums = lattice_weights(starts, factors, lo, extent, normalise)
     lead = prediction_groups[0].shape[1 : prediction_groups[0].ndim - k]
-    out = np.zeros((*lead, *extent), dtype=dtype)
+    out = np.empty((*lead, *extent), dtype=dtype)
+    # Zeroed here, not lazily by the kernel's first touch: page faults taken by
+    # several threads at once serialise in the kernel and cost more than this pass.
+    out.fill(0)
     pool = ThreadPoolExecutor(threads) if threads > 1 else None
     try:
         for anchors_starts, values in zip(group_starts, prediction_groups):
             rows = [np.searchsorted(s, gs) for s, gs in zip(starts, anchors_starts)]
             own = [w[r] for w, r in zip(weights, rows)]
-            lattice_add(out, lo, anchors_starts, values, own, pool)
+            if fused:
+                compiled.blend_2d(out, (lo[0], lo[1]), anchors_starts, values, own, pool)
+            else:
+                lattice_add(out, lo, anchors_starts, values, own, pool)
     finally:
         if pool is not None:
             pool.shutdown()
@@ -337,10 +347,9 @@ def lattice_overlap_add(
     if np.issubdtype(out.dtype, np.inexact) and np.isnan(out).any():
         return None
     if nan_uncovered:
-        covered = functools.reduce(
-            np.logical_and.outer, [s[int(o) - low : int(o) - low + int(n)] > 0
-                                   for s, o, low, n in zip(sums, origin, lo, box_shape)]
-        )  # fmt: skip
-        if not covered.all():
-            out[..., ~covered] = np.nan
+        # Σw is a product: a cell is covered where every axis' sum is > 0.
+        axes = [s[int(o) - low : int(o) - low + int(n)] > 0
+                for s, o, low, n in zip(sums, origin, lo, box_shape)]  # fmt: skip
+        if not all(a.all() for a in axes):
+            out[..., ~functools.reduce(np.logical_and.outer, axes)] = np.nan
     return out

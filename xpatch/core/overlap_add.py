@@ -25,6 +25,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from xpatch.core import compiled
 from xpatch.core.dtypes import REDUCTIONS as REDUCTIONS  # re-exported: the public names
 from xpatch.core.dtypes import Reduction as Reduction
 from xpatch.core.dtypes import (
@@ -441,17 +442,20 @@ LATTICE_PATCH_CELLS = 16384
 def on_lattice(
     reduce: str, acc: np.dtype, window: BlendWindow, weights: object, patch_cells: int
 ) -> bool:
-    """Whether :mod:`xpatch.core.lattice` adds the patches: a float mean or sum of small patches.
+    """Whether :mod:`xpatch.core.lattice` adds the patches: a float mean or sum.
 
-    It also needs a separable window and no per-patch weights; integer sums keep
-    their exact path, and the other reductions theirs.
+    Of small patches, or of any 2-D ones with the compiled kernel
+    (:mod:`xpatch.core.compiled`, numba). It also needs a separable window and no
+    per-patch weights; integer sums keep their exact path, and the other
+    reductions theirs.
     """
+    fused = compiled.AVAILABLE and window.values.ndim == 2
     return (
         reduce in ("mean", "sum")
         and np.dtype(acc).kind == "f"
         and window.factors is not None
         and weights is None
-        and patch_cells <= LATTICE_PATCH_CELLS
+        and (patch_cells <= LATTICE_PATCH_CELLS or fused)
     )
 
 
