@@ -291,10 +291,10 @@ class Writer:
         readable, _, _ = select.select([self.process.stdout], [], [], timeout)
         line = self.process.stdout.readline() if readable else ""
         if line.strip() != "ready":
-            self.stop()
-            raise AssertionError(
-                f"writer not ready: {line!r}; stderr: {self.process.stderr.read()}"
-            )
+            if self.process.poll() is None:
+                self.process.kill()
+            _, stderr = self.process.communicate()  # read before the pipes close
+            raise AssertionError(f"writer not ready: {line!r}; stderr: {stderr}")
 
     def go(self, timeout: float = 60.0) -> float:
         """Wait until the writer is ready, let it write; return when it started."""

@@ -13,9 +13,11 @@ from unittest import mock
 import dask.array as dsa
 import numpy as np
 import pytest
+import xarray as xr
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import xpatch  # noqa: F401 (registers .patch)
 from tests.test_kernels import reference as grid_reference
 from xpatch.core import compiled, lattice
 from xpatch.core.overlap_add import overlap_add, overlap_add_groups
@@ -143,3 +145,22 @@ def test_runs_split_overlapping_progressions_and_irregular_tails():
     assert lattice.axis_runs(np.arange(0, 40, 4), 8) == [slice(0, 10, 2), slice(1, 10, 2)]
     assert lattice.axis_runs(np.array([0, 8, 16, 20]), 8) == [slice(0, 3, 1), slice(3, 4, 1)]
     assert lattice.axis_runs(np.arange(0, 100), 40) is None  # 40 runs: too many
+
+
+def test_apply_blends_batches_in_place_and_equals_the_numpy_passes(monkeypatch):
+    """Large patches go batch by batch through a reused buffer: a fn returning its input
+    (or a view of it) must not see later batches overwrite its results."""
+    values = np.random.default_rng(5).random((2, 300, 260)).astype("float32")
+    da = xr.DataArray(values, dims=("band", "y", "x"))
+    p = da.patch(y=64, x=64, stride=48, window="hann")
+    results = {}
+    for name, on in (("compiled", compiled.AVAILABLE), ("numpy", False)):
+        monkeypatch.setattr(compiled, "AVAILABLE", on)
+        identity = p.apply(lambda b: b, batch_size=3)
+        view = p.apply(lambda b: b[:, ::-1][:, ::-1], batch_size=5)
+        model = p.apply(lambda b: np.sqrt(b) * 2, batch_size=4)
+        np.testing.assert_allclose(identity.values, values, rtol=1e-6)
+        np.testing.assert_allclose(view.values, values, rtol=1e-6)
+        results[name] = model.values
+    np.testing.assert_allclose(results["compiled"], results["numpy"], rtol=1e-5)
+    np.testing.assert_allclose(results["numpy"], np.sqrt(values) * 2, rtol=1e-5)

@@ -20,8 +20,8 @@ from dask.utils import parse_bytes
 
 from xpatch.core.callables import code_token
 from xpatch.core.errors import PredictionError
-from xpatch.core.extract import extract_numpy, extract_task, group_reads
-from xpatch.core.overlap_add import BlendWindow, Reduction, overlap_add_groups
+from xpatch.core.extract import extract_into, extract_numpy, extract_task, group_reads
+from xpatch.core.overlap_add import BlendWindow, Reduction, blends_batches, overlap_add_groups
 from xpatch.core.padding import PadMode
 from xpatch.core.partials import (
     Partial,
@@ -46,7 +46,8 @@ def run_batches(
     dtype: np.dtype,
     pad_batch: bool = False,
     out_patch: Sequence[int] | None = None,
-) -> np.ndarray:
+    split: bool = False,
+) -> np.ndarray | list[np.ndarray]:
     """Call ``fn`` on consecutive batches of ``patches`` and stack what it returns.
 
     Each patch goes through ``fn`` exactly once. The result of every call is
@@ -70,6 +71,10 @@ def run_batches(
         Declared non-patched output shape and dtype.
     out_patch
         The output's patch shape (default: the input's).
+    split
+        Return each batch's result (cast) in a list instead of one stacked
+        array: the compiled kernel blends batches where they are, sparing a
+        copy of every prediction.
 
     Examples
     --------
@@ -84,7 +89,7 @@ def run_batches(
     [2, 2]
     """
     patch_shape = patches.shape[patches.ndim - n_patched :] if out_patch is None else out_patch
-    out = np.empty((len(patches), *lead_shape, *patch_shape), dtype=dtype)
+    out = [] if split else np.empty((len(patches), *lead_shape, *patch_shape), dtype=dtype)
     for start in range(0, len(patches), batch_size):
         batch = patches[start : start + batch_size]
         n = len(batch)
@@ -104,7 +109,10 @@ def run_batches(
         result = result[:n]
         check_declared(result, dtype)
         with np.errstate(over="ignore", invalid="ignore"):  # checked; inf and NaN from fn pass
-            out[start : start + n] = result
+            if split:
+                out.append(result.astype(dtype, copy=False))
+            else:
+                out[start : start + n] = result
     return out
 
 
@@ -245,20 +253,43 @@ def apply_numpy(
     k = plan.ndim
     out_plan = plan if out_plan is None else out_plan
     axes = list(range(array.ndim - k, array.ndim))
-    prediction_groups, weight_groups = [], []
-    for g in range(len(plan.groups)):
-        anchors = plan.group_anchors(g)
-        patches = extract_numpy(array, axes, anchors, plan.size, pad_value, pad_mode)
-        prediction_groups.append(
-            run_batches(patches, fn, batch_size, k, lead_shape, dtype, pad_batch, out_plan.size)
-        )
-        weight_groups.append(group_weights(weights, plan, g, 1 + len(lead_shape) + k))
-        del patches
     acc = weighted_result_dtype(dtype, reduce, window, out_plan, weights is not None)
+    patch_cells = int(np.prod([*lead_shape, *out_plan.size], dtype=np.int64))
+    split = weights is None and blends_batches(reduce, acc, BlendWindow.of(window), dtype,
+                                               patch_cells)  # fmt: skip
+    prediction_groups, weight_groups, anchor_groups = [], [], []
+    carried = [array.shape[ax] for ax in range(array.ndim - k)]
+    # Large patches are copied into one reused batch buffer (no fresh pages per batch).
+    reuse = split and pad_mode == "constant" and int(np.prod(plan.size)) >= 4096
+    buffer = np.empty((batch_size, *carried, *plan.size), array.dtype) if reuse else None
+    for g in range(len(plan.groups)):
+        anchors, out_anchors = plan.group_anchors(g), out_plan.group_anchors(g)
+        if split:  # batch by batch: each cut, run and kept as a group of its own
+            for start in range(0, len(anchors), batch_size):
+                batch = anchors[start : start + batch_size]
+                patches = None if buffer is None else extract_into(
+                    array, axes, batch, plan.size, buffer)  # fmt: skip
+                if patches is None:
+                    patches = extract_numpy(array, axes, batch, plan.size, pad_value, pad_mode)
+                (result,) = run_batches(
+                    patches, fn, batch_size, k, lead_shape, dtype, pad_batch, out_plan.size, True
+                )
+                if buffer is not None and np.may_share_memory(result, buffer):
+                    result = result.copy()  # fn returned (a view of) the reused buffer
+                prediction_groups.append(result)
+                anchor_groups.append(out_anchors[start : start + batch_size])
+            continue
+        patches = extract_numpy(array, axes, anchors, plan.size, pad_value, pad_mode)
+        predictions = run_batches(
+            patches, fn, batch_size, k, lead_shape, dtype, pad_batch, out_plan.size
+        )
+        del patches
+        prediction_groups.append(predictions)
+        anchor_groups.append(out_anchors)
+        weight_groups.append(group_weights(weights, plan, g, 1 + len(lead_shape) + k))
     grid = out_plan.grid.shape
     if not prediction_groups:  # no patch: nothing is covered, and acc is a float
         return np.full((*lead_shape, *grid), np.nan, acc)
-    anchor_groups = [out_plan.group_anchors(g) for g in range(len(out_plan.groups))]
     return overlap_add_groups(
         anchor_groups, prediction_groups, grid, window, reduce, dtype=acc,
         weight_groups=None if weights is None else weight_groups,

@@ -53,6 +53,27 @@ def _blend_rows(out, values, starts_y, starts_x, weights_y, weights_x, row_lo, r
                         target[c] += source[c] * (row_weight * column_weights[c])
 
 
+def _blend_patches(out, values, ys, xs, iy, ix, weights_y, weights_x, row_lo, row_hi):
+    """As :func:`_blend_rows` for any list of patches: patch ``p`` at ``(ys[p], xs[p])``.
+
+    Its weights are rows ``iy[p]`` and ``ix[p]`` of ``weights_y`` and ``weights_x``;
+    only its rows within [lo, hi) are added.
+    """
+    size_y, size_x = values.shape[2], values.shape[3]
+    for p in range(values.shape[0]):
+        y0, x0 = ys[p], xs[p]
+        first = max(row_lo - y0, 0)
+        last = min(row_hi - y0, size_y)
+        column_weights = weights_x[ix[p]]
+        for r in range(first, last):
+            row_weight = weights_y[iy[p], r]
+            for lead in range(values.shape[1]):
+                target = out[lead, y0 + r, x0 : x0 + size_x]
+                source = values[p, lead, r]
+                for c in range(size_x):
+                    target[c] += source[c] * (row_weight * column_weights[c])
+
+
 def supports(dtype: np.dtype) -> bool:
     """Whether the kernel reads predictions of ``dtype`` (numba has no float16, for one)."""
     dtype = np.dtype(dtype)
@@ -60,6 +81,7 @@ def supports(dtype: np.dtype) -> bool:
 
 
 _kernel = numba.njit(nogil=True, cache=True)(_blend_rows) if AVAILABLE else None
+_patch_kernel = numba.njit(nogil=True, cache=True)(_blend_patches) if AVAILABLE else None
 
 
 def blend_2d(
@@ -92,6 +114,48 @@ def blend_2d(
 
     def run(band: tuple[int, int]) -> None:
         _kernel(flat_out, flat_values, starts_y, starts_x, weights_y, weights_x, *band)
+
+    if pool is None or len(bands) == 1:
+        for band in bands:
+            run(band)
+    else:
+        list(pool.map(run, bands))
+
+
+def blend_patches(
+    out: np.ndarray,
+    origin: tuple[int, int],
+    anchors: np.ndarray,
+    values: np.ndarray,
+    rows: tuple[np.ndarray, np.ndarray],
+    axis_weights: list[np.ndarray],
+    pool: ThreadPoolExecutor | None = None,
+) -> None:
+    """Add any list of 2-D patches into ``out`` (``(*lead, H, W)``, holding them whole).
+
+    ``values`` is ``(n, *lead, h, w)`` for the ``(n, 2)`` ``anchors``; patch ``p``
+    takes row ``rows[0][p]`` of ``axis_weights[0]`` and ``rows[1][p]`` of
+    ``axis_weights[1]``. Threads of ``pool`` take bands of rows.
+    """
+    if not out.flags.c_contiguous:
+        raise ValueError("blend_patches adds into a C-contiguous buffer")
+    if len(anchors) == 0:
+        return
+    flat_out = out.reshape(-1, *out.shape[-2:])
+    flat_values = np.ascontiguousarray(values).reshape(values.shape[0], -1, *values.shape[-2:])
+    ys = np.ascontiguousarray(anchors[:, 0] - origin[0], dtype=np.int64)
+    xs = np.ascontiguousarray(anchors[:, 1] - origin[1], dtype=np.int64)
+    iy = np.ascontiguousarray(rows[0], dtype=np.int64)
+    ix = np.ascontiguousarray(rows[1], dtype=np.int64)
+    weights_y = np.ascontiguousarray(axis_weights[0], dtype=out.dtype)
+    weights_x = np.ascontiguousarray(axis_weights[1], dtype=out.dtype)
+    first, last = int(ys.min()), int(ys.max()) + values.shape[-2]
+    workers = 1 if pool is None else pool._max_workers
+    edges = np.linspace(first, last, workers + 1).astype(np.int64).tolist()
+    bands = [(lo, hi) for lo, hi in itertools.pairwise(edges) if hi > lo]
+
+    def run(band: tuple[int, int]) -> None:
+        _patch_kernel(flat_out, flat_values, ys, xs, iy, ix, weights_y, weights_x, *band)
 
     if pool is None or len(bands) == 1:
         for band in bands:

@@ -140,6 +140,27 @@ def extract_numpy(
     return np.ascontiguousarray(stacked.transpose(order))
 
 
+def extract_into(
+    array: np.ndarray, axes: Sequence[int], anchors: np.ndarray, size: Sequence[int], out
+) -> np.ndarray | None:
+    """Copy the patches at ``anchors`` into ``out[:n]``, patch by patch; None if one overhangs.
+
+    For large patches, where a copy per patch costs nothing next to its bytes: a
+    reused ``out`` (a batch buffer) takes no fresh pages, which an array cut anew
+    for every batch does. ``out`` is ``(>= n, *carried, *patch)``.
+    """
+    anchors = np.asarray(anchors)
+    shape = np.asarray([array.shape[ax] for ax in axes])
+    if len(anchors) > len(out) or (anchors < 0).any() or (anchors + size > shape).any():
+        return None
+    carried = [ax for ax in range(array.ndim) if ax not in axes]
+    front = np.moveaxis(array, [*carried, *axes], list(range(array.ndim)))
+    lead = (slice(None),) * len(carried)
+    for i, row in enumerate(anchors.tolist()):
+        out[i] = front[(*lead, *(slice(a, a + n) for a, n in zip(row, size)))]
+    return out[: len(anchors)]
+
+
 def join_blocks(nested: list, crops: Sequence[Sequence[slice]]) -> np.ndarray:
     """Concatenate nested blocks, each cut to ``crops[axis][position]`` first.
 

@@ -290,9 +290,10 @@ def lattice_overlap_add(
 ) -> np.ndarray | None:
     """Σ w·x (or the weighted mean) of groups of patches over a box, on the lattice.
 
-    Each group's anchors must be a product grid in C order, and all of them
-    together one too (a regular grid cut into chunks is); otherwise None, and so
-    for predictions holding NaN (which need per-cell weights). Cells no patch
+    All anchors together must be a product grid (a regular grid is), and each
+    group's one in C order (as a regular grid cut into chunks is) unless the
+    compiled kernel takes them (2-D, numba); otherwise None, and so for
+    predictions holding NaN (which need per-cell weights). Cells no patch
     covers are NaN with ``nan_uncovered``, else 0.
 
     Examples
@@ -303,17 +304,23 @@ def lattice_overlap_add(
     """
     k = len(box_shape)
     size = [len(f) for f in factors]
-    union = np.concatenate([np.asarray(a, dtype=np.int64).reshape(-1, k) for a in anchor_groups])
-    group_starts = [product_starts(a) for a in anchor_groups]
-    if not len(union) or any(s is None for s in group_starts):
-        return None
-    if any(len(a) != len(v) for a, v in zip(anchor_groups, prediction_groups)):
+    anchor_groups = [np.asarray(a, dtype=np.int64).reshape(-1, k) for a in anchor_groups]
+    union = np.concatenate(anchor_groups)
+    if not len(union) or any(len(a) != len(v) for a, v in zip(anchor_groups, prediction_groups)):
         return None  # not one prediction per anchor: the loop over patches says what it does
-    starts = group_starts[0] if len(anchor_groups) == 1 else covering_starts(union)
+    # The compiled kernel takes any groups (batches, too) of a 2-D lattice; the numpy
+    # passes need each group a product grid in C order.
+    fused = k == 2 and compiled.supports(dtype)
+    fused = fused and all(compiled.supports(v.dtype) for v in prediction_groups)
+    group_starts = [product_starts(a) for a in anchor_groups]
+    if not fused and any(s is None for s in group_starts):
+        return None
+    if len(anchor_groups) == 1 and group_starts[0] is not None:
+        starts = group_starts[0]
+    else:
+        starts = covering_starts(union)
     if starts is None:
         return None
-    fused = k == 2 and all(compiled.supports(v.dtype) for v in prediction_groups)
-    fused = fused and compiled.supports(dtype)
     if not fused and any(axis_runs(s, n) is None for gs in group_starts for s, n in zip(gs, size)):
         return None
     # A buffer that holds every patch whole, from the box's origin on.
@@ -330,7 +337,12 @@ def lattice_overlap_add(
     out.fill(0)
     pool = ThreadPoolExecutor(threads) if threads > 1 else None
     try:
-        for anchors_starts, values in zip(group_starts, prediction_groups):
+        for anchors, anchors_starts, values in zip(anchor_groups, group_starts, prediction_groups):
+            if anchors_starts is None:  # fused: any list of patches
+                rows = (np.searchsorted(starts[0], anchors[:, 0]),
+                        np.searchsorted(starts[1], anchors[:, 1]))  # fmt: skip
+                compiled.blend_patches(out, (lo[0], lo[1]), anchors, values, rows, weights, pool)
+                continue
             rows = [np.searchsorted(s, gs) for s, gs in zip(starts, anchors_starts)]
             own = [w[r] for w, r in zip(weights, rows)]
             if fused:

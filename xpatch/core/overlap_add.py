@@ -459,6 +459,18 @@ def on_lattice(
     )
 
 
+def blends_batches(
+    reduce: str, acc: np.dtype, window: BlendWindow, dtype: np.dtype, patch_cells: int
+) -> bool:
+    """Whether the compiled kernel will blend ``apply``'s batches where they are (2-D lattices)."""
+    return (
+        on_lattice(reduce, acc, window, None, patch_cells)
+        and window.values.ndim == 2
+        and compiled.supports(acc)
+        and compiled.supports(dtype)
+    )
+
+
 #: Below this many prediction bytes the eager path stays on one thread.
 PARALLEL_BYTES = 8 * 2**20
 
