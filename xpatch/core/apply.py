@@ -19,8 +19,10 @@ from dask.highlevelgraph import HighLevelGraph
 from dask.utils import parse_bytes
 
 from xpatch.core.callables import code_token
+from xpatch.core.dtypes import working_dtype
 from xpatch.core.errors import PredictionError
 from xpatch.core.extract import extract_into, extract_numpy, extract_task, group_reads
+from xpatch.core.lattice import lattice_overlap_add
 from xpatch.core.overlap_add import BlendWindow, Reduction, blends_batches, overlap_add_groups
 from xpatch.core.padding import PadMode
 from xpatch.core.partials import (
@@ -192,10 +194,21 @@ def _apply_task(
     patch_weights=None,
 ) -> Partial:  # fmt: skip
     patches = extract_task(nested, crops, axes, local_anchors, size, pad_value, takes)
+    cells = int(np.prod([*lead_shape, *(out_patch or size)], dtype=np.int64))
+    split = patch_weights is None and blends_batches(reduce, acc, window, dtype, cells)
     predictions = run_batches(
-        patches, fn, batch_size, len(axes), lead_shape, dtype, pad_batch, out_patch
+        patches, fn, batch_size, len(axes), lead_shape, dtype, pad_batch, out_patch, split
     )
     del patches
+    if split:  # the batches blended where they are, unless one holds NaN
+        bounds = np.cumsum([len(b) for b in predictions])[:-1]
+        total = lattice_overlap_add(
+            np.split(anchors, bounds), predictions, box_origin, box_shape, window.factors,
+            False, working_dtype(acc, reduce, window), nan_uncovered=False,
+        )  # fmt: skip
+        if total is not None:
+            return Partial(tuple(int(o) for o in box_origin), total, None, anchors)
+        predictions = np.concatenate(predictions)
     return partial_sums(
         box_origin, box_shape, anchors, predictions, window, reduce, acc, patch_weights
     )
@@ -260,7 +273,7 @@ def apply_numpy(
     prediction_groups, weight_groups, anchor_groups = [], [], []
     carried = [array.shape[ax] for ax in range(array.ndim - k)]
     # Large patches are copied into one reused batch buffer (no fresh pages per batch).
-    reuse = split and pad_mode == "constant" and int(np.prod(plan.size)) >= 4096
+    reuse = split and pad_mode == "constant"
     buffer = np.empty((batch_size, *carried, *plan.size), array.dtype) if reuse else None
     for g in range(len(plan.groups)):
         anchors, out_anchors = plan.group_anchors(g), out_plan.group_anchors(g)

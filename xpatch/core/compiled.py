@@ -13,18 +13,17 @@ numpy passes: the results are the same to rounding.
 
 from __future__ import annotations
 
+import functools
+import importlib
+import importlib.util
 import itertools
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-try:
-    import numba
-except ImportError:  # the optional [fast] extra
-    numba = None
-
-#: Whether the compiled kernel can run (numba is importable).
-AVAILABLE = numba is not None
+#: Whether the compiled kernel can run (numba, the optional [fast] extra, is installed).
+#: numba itself is imported at the first blend, not with xpatch (it takes a second).
+AVAILABLE = importlib.util.find_spec("numba") is not None
 
 
 def _blend_rows(out, values, starts_y, starts_x, weights_y, weights_x, row_lo, row_hi):
@@ -80,8 +79,11 @@ def supports(dtype: np.dtype) -> bool:
     return AVAILABLE and (dtype.kind in "iu" or (dtype.kind == "f" and dtype.itemsize >= 4))
 
 
-_kernel = numba.njit(nogil=True, cache=True)(_blend_rows) if AVAILABLE else None
-_patch_kernel = numba.njit(nogil=True, cache=True)(_blend_patches) if AVAILABLE else None
+@functools.cache
+def _compiled(name: str):
+    """Return the numba-compiled kernel ``name`` (compiled once per dtype, cached on disk)."""
+    numba = importlib.import_module("numba")
+    return numba.njit(nogil=True, cache=True)(globals()[name])
 
 
 def blend_2d(
@@ -112,8 +114,10 @@ def blend_2d(
     edges = np.linspace(first, last, workers + 1).astype(np.int64).tolist()
     bands = [(lo, hi) for lo, hi in itertools.pairwise(edges) if hi > lo]
 
+    kernel = _compiled("_blend_rows")
+
     def run(band: tuple[int, int]) -> None:
-        _kernel(flat_out, flat_values, starts_y, starts_x, weights_y, weights_x, *band)
+        kernel(flat_out, flat_values, starts_y, starts_x, weights_y, weights_x, *band)
 
     if pool is None or len(bands) == 1:
         for band in bands:
@@ -154,8 +158,10 @@ def blend_patches(
     edges = np.linspace(first, last, workers + 1).astype(np.int64).tolist()
     bands = [(lo, hi) for lo, hi in itertools.pairwise(edges) if hi > lo]
 
+    kernel = _compiled("_blend_patches")
+
     def run(band: tuple[int, int]) -> None:
-        _patch_kernel(flat_out, flat_values, ys, xs, iy, ix, weights_y, weights_x, *band)
+        kernel(flat_out, flat_values, ys, xs, iy, ix, weights_y, weights_x, *band)
 
     if pool is None or len(bands) == 1:
         for band in bands:
