@@ -103,7 +103,9 @@ def apply(
         *patch)``: the input's non-patched dims in its order, then the patched
         dims in the order of :attr:`dims`, with ``b <= batch_size`` (``b ==
         batch_size`` with ``pad_batch=True``). It returns ``(b, *output_dims,
-        *patch)``. With ``boundary="pad"`` the cells past the edge are filled as
+        *patch)``. The batch array may be reused for the next batch: copy it
+        (``batch.copy()``) if ``fn`` keeps it; returning it, or a view of it, is
+        safe. With ``boundary="pad"`` the cells past the edge are filled as
         the patcher's ``pad_mode`` says, the same as in :meth:`patches`.
 
         **Padding and models that look at neighbours.** The default

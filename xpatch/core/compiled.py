@@ -5,7 +5,7 @@ three passes (multiply by the window, add, move on): for every output row, every
 patch row that lands on it is multiplied by its row and column weights and added
 in one loop, so the predictions are read once and each output row stays in cache
 while the patches covering it add into it. It releases the GIL: threads take
-bands of rows, which no two patches' rows of one band share with another band.
+disjoint bands of output rows, so no two of them write the same cell.
 
 Without numba, :data:`AVAILABLE` is False and :mod:`xpatch.core.lattice` uses its
 numpy passes: the results are the same to rounding.
@@ -20,6 +20,15 @@ import itertools
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+
+
+class Pool(ThreadPoolExecutor):
+    """A thread pool that says how many threads it has (the kernels split work by it)."""
+
+    def __init__(self, threads: int) -> None:
+        super().__init__(threads)
+        self.threads = int(threads)
+
 
 #: Whether the compiled kernel can run (numba, the optional [fast] extra, is installed).
 #: numba itself is imported at the first blend, not with xpatch (it takes a second).
@@ -92,7 +101,7 @@ def blend_2d(
     starts: list[np.ndarray],
     values: np.ndarray,
     axis_weights: list[np.ndarray],
-    pool: ThreadPoolExecutor | None = None,
+    pool: Pool | None = None,
 ) -> None:
     """Add a 2-D product grid of patches into ``out`` (``(*lead, H, W)``, holding them whole).
 
@@ -110,7 +119,7 @@ def blend_2d(
     weights_x = np.ascontiguousarray(axis_weights[1], dtype=out.dtype)
     first = max(int(starts_y.min()), 0)
     last = min(int(starts_y.max()) + values.shape[-2], out.shape[-2])
-    workers = 1 if pool is None else pool._max_workers
+    workers = 1 if pool is None else pool.threads
     edges = np.linspace(first, last, workers + 1).astype(np.int64).tolist()
     bands = [(lo, hi) for lo, hi in itertools.pairwise(edges) if hi > lo]
 
@@ -133,7 +142,7 @@ def blend_patches(
     values: np.ndarray,
     rows: tuple[np.ndarray, np.ndarray],
     axis_weights: list[np.ndarray],
-    pool: ThreadPoolExecutor | None = None,
+    pool: Pool | None = None,
 ) -> None:
     """Add any list of 2-D patches into ``out`` (``(*lead, H, W)``, holding them whole).
 
@@ -154,7 +163,7 @@ def blend_patches(
     weights_y = np.ascontiguousarray(axis_weights[0], dtype=out.dtype)
     weights_x = np.ascontiguousarray(axis_weights[1], dtype=out.dtype)
     first, last = int(ys.min()), int(ys.max()) + values.shape[-2]
-    workers = 1 if pool is None else pool._max_workers
+    workers = 1 if pool is None else pool.threads
     edges = np.linspace(first, last, workers + 1).astype(np.int64).tolist()
     bands = [(lo, hi) for lo, hi in itertools.pairwise(edges) if hi > lo]
 

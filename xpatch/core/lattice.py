@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
@@ -132,7 +131,7 @@ def lattice_add(
     starts: Sequence[np.ndarray],
     predictions: np.ndarray,
     axis_weights: Sequence[np.ndarray],
-    pool: ThreadPoolExecutor | None = None,
+    pool: compiled.Pool | None = None,
 ) -> bool:
     """Add ``Σ w·x`` of a product grid of patches into ``out``; False if the layout is irregular.
 
@@ -192,7 +191,7 @@ def lattice_add(
     return True
 
 
-def _add_phase(target, values, weights, n_lead: int, pool: ThreadPoolExecutor | None) -> None:
+def _add_phase(target, values, weights, n_lead: int, pool: compiled.Pool | None) -> None:
     """``target += values * weights`` over one phase, in pieces that stay in cache.
 
     A piece is a run of rows of the phase's first axis (or, for large patches, a
@@ -224,7 +223,7 @@ def _add_phase(target, values, weights, n_lead: int, pool: ThreadPoolExecutor | 
             region = target[index]
             np.add(region, scratch, out=region)
 
-    workers = 1 if pool is None else min(pool._max_workers, len(pieces))
+    workers = 1 if pool is None else min(pool.threads, len(pieces))
     if workers <= 1:
         work(pieces)
         return
@@ -335,7 +334,7 @@ def lattice_overlap_add(
     # Zeroed here, not lazily by the kernel's first touch: page faults taken by
     # several threads at once serialise in the kernel and cost more than this pass.
     out.fill(0)
-    pool = ThreadPoolExecutor(threads) if threads > 1 else None
+    pool = compiled.Pool(threads) if threads > 1 else None
     try:
         for anchors, anchors_starts, values in zip(anchor_groups, group_starts, prediction_groups):
             if anchors_starts is None:  # fused: any list of patches
