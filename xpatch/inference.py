@@ -175,9 +175,10 @@ def apply(
         integer ``out_dtype``, clipped to the dtype's range (finite floats stay
         finite), then cast. Default: a ``"mean"`` of integers (``dtype``, or an
         integer input with ``dtype=None``) rounds back to that integer dtype, so
-        uint16 in gives uint16 out, when every cell gets a value or ``nodata``
-        gives one the dtype holds (else float64 with NaN, as before);
-        ``"argmax"``'s label dtype; otherwise the reduction's dtype. An integer
+        uint16 in gives uint16 out, and a ``"max"``, ``"min"`` or ``"vote"``
+        keeps it, when every cell gets a value or ``nodata`` gives one the
+        dtype holds (else float64 with NaN, as before); ``"argmax"``'s label
+        dtype; otherwise (``"sum"``, floats) the reduction's dtype. An integer
         ``out_dtype`` cannot hold NaN: cells without data (uncovered, or the
         input's nodata) take ``nodata``, and an :class:`~xpatch.OptionError`
         asks for one when it is None or does not fit; NaN that ``fn`` returns
