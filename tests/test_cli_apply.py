@@ -21,6 +21,16 @@ MODEL = textwrap.dedent(
         # (b, band, y, x) -> (b, 1, y, x)
         return batch.sum(axis=1, keepdims=True)
 
+    def smooth_in_threes(batch):
+        # a 3x3 mean filter, zero outside the patch; it only accepts batches of 3
+        assert len(batch) == 3, len(batch)
+        padded = np.pad(batch, [(0, 0), (0, 0), (1, 1), (1, 1)])
+        out = np.zeros_like(batch)
+        for dy in range(3):
+            for dx in range(3):
+                out += padded[..., dy : dy + batch.shape[-2], dx : dx + batch.shape[-1]]
+        return out / 9
+
     def five_class(batch):
         # (b, 2, y, x) -> (b, 5, y, x) class scores, differing from patch to patch
         k = np.arange(5, dtype=batch.dtype)[None, :, None, None]
@@ -209,3 +219,26 @@ def test_an_error_in_the_users_function_propagates(tmp_path, raster):
     argv = ["apply", str(source), str(tmp_path / "o.zarr"), "--fn", f"{broken}:predict"]
     with pytest.raises(ValueError, match="model weights missing"):
         main([*argv, "--size", "32", "--no-progress"])
+
+
+def test_pad_mode_and_pad_batch_reach_the_model(tmp_path, model_file, raster, capsys):
+    """--boundary pad --pad-mode reflect --pad-batch: no NaN from the padding, batches of 3."""
+    source = tmp_path / "in.zarr"
+    raster.to_dataset().to_zarr(source)
+    target = tmp_path / "out.zarr"
+    argv = ["apply", str(source), str(target), "--fn", f"{model_file}:smooth_in_threes",
+            "--size", "32", "--stride", "24", "--chunks", "64", "--boundary", "pad",
+            "--pad-mode", "reflect", "--batch-size", "3", "--pad-batch",
+            "--no-progress"]  # fmt: skip
+    assert main(argv) == 0, capsys.readouterr().err
+    written = xr.open_zarr(target)["reflectance"]
+    assert not written.isnull().any()
+    fn = load_function(f"{model_file}:smooth_in_threes")
+    layout = dict(y=32, x=32, stride=24, window="hann", boundary="pad", pad_mode="reflect")
+    expected = raster.patch(**layout).apply(fn, batch_size=3, pad_batch=True)
+    np.testing.assert_allclose(written.values, expected.values, rtol=1e-6)
+    # Without --pad-batch the short batches reach the model, which refuses them.
+    refused = [a for a in argv if a != "--pad-batch"]
+    refused[2] = str(tmp_path / "refused.zarr")
+    with pytest.raises(AssertionError):
+        main(refused)

@@ -95,6 +95,35 @@ def _compiled(name: str):
     return numba.njit(nogil=True, cache=True)(globals()[name])
 
 
+def _in_bands(name: str, out, values, rows: tuple[int, int], pool, *arrays) -> None:
+    """Run kernel ``name`` on ``out`` and ``values`` (lead flattened) and ``arrays``, by row bands.
+
+    ``rows`` are the first and past-the-last rows of ``out`` the patches reach;
+    each thread of ``pool`` takes a band of them.
+    """
+    if not out.flags.c_contiguous:
+        raise ValueError(f"{name} adds into a C-contiguous buffer (a reshape must be a view)")
+    flat_out = out.reshape(-1, *out.shape[-2:])
+    flat_values = np.ascontiguousarray(values).reshape(values.shape[0], -1, *values.shape[-2:])
+    workers = 1 if pool is None else pool.threads
+    edges = np.linspace(*rows, workers + 1).astype(np.int64).tolist()
+    bands = [(lo, hi) for lo, hi in itertools.pairwise(edges) if hi > lo]
+    kernel = _compiled(name)
+
+    def run(band: tuple[int, int]) -> None:
+        kernel(flat_out, flat_values, *arrays, *band)
+
+    if pool is None or len(bands) == 1:
+        for band in bands:
+            run(band)
+    else:
+        list(pool.map(run, bands))
+
+
+def _weights(axis_weights: list[np.ndarray], dtype: np.dtype) -> list[np.ndarray]:
+    return [np.ascontiguousarray(w, dtype=dtype) for w in axis_weights]
+
+
 def blend_2d(
     out: np.ndarray,
     origin: tuple[int, int],
@@ -109,30 +138,12 @@ def blend_2d(
     per-start ``(count, size)`` weights along y and x (as :mod:`xpatch.core.lattice`
     builds them). Threads of ``pool`` take bands of rows.
     """
-    if not out.flags.c_contiguous:
-        raise ValueError("blend_2d adds into a C-contiguous buffer (a reshape must be a view)")
-    flat_out = out.reshape(-1, *out.shape[-2:])
-    flat_values = np.ascontiguousarray(values).reshape(values.shape[0], -1, *values.shape[-2:])
-    starts_y = (np.asarray(starts[0], dtype=np.int64) - origin[0]).copy()
-    starts_x = (np.asarray(starts[1], dtype=np.int64) - origin[1]).copy()
-    weights_y = np.ascontiguousarray(axis_weights[0], dtype=out.dtype)
-    weights_x = np.ascontiguousarray(axis_weights[1], dtype=out.dtype)
-    first = max(int(starts_y.min()), 0)
-    last = min(int(starts_y.max()) + values.shape[-2], out.shape[-2])
-    workers = 1 if pool is None else pool.threads
-    edges = np.linspace(first, last, workers + 1).astype(np.int64).tolist()
-    bands = [(lo, hi) for lo, hi in itertools.pairwise(edges) if hi > lo]
-
-    kernel = _compiled("_blend_rows")
-
-    def run(band: tuple[int, int]) -> None:
-        kernel(flat_out, flat_values, starts_y, starts_x, weights_y, weights_x, *band)
-
-    if pool is None or len(bands) == 1:
-        for band in bands:
-            run(band)
-    else:
-        list(pool.map(run, bands))
+    starts_y = np.asarray(starts[0], dtype=np.int64) - origin[0]
+    starts_x = np.asarray(starts[1], dtype=np.int64) - origin[1]
+    rows = (max(int(starts_y.min()), 0),
+            min(int(starts_y.max()) + values.shape[-2], out.shape[-2]))  # fmt: skip
+    _in_bands("_blend_rows", out, values, rows, pool, starts_y, starts_x,
+              *_weights(axis_weights, out.dtype))  # fmt: skip
 
 
 def blend_patches(
@@ -150,30 +161,11 @@ def blend_patches(
     takes row ``rows[0][p]`` of ``axis_weights[0]`` and ``rows[1][p]`` of
     ``axis_weights[1]``. Threads of ``pool`` take bands of rows.
     """
-    if not out.flags.c_contiguous:
-        raise ValueError("blend_patches adds into a C-contiguous buffer")
     if len(anchors) == 0:
         return
-    flat_out = out.reshape(-1, *out.shape[-2:])
-    flat_values = np.ascontiguousarray(values).reshape(values.shape[0], -1, *values.shape[-2:])
     ys = np.ascontiguousarray(anchors[:, 0] - origin[0], dtype=np.int64)
     xs = np.ascontiguousarray(anchors[:, 1] - origin[1], dtype=np.int64)
-    iy = np.ascontiguousarray(rows[0], dtype=np.int64)
-    ix = np.ascontiguousarray(rows[1], dtype=np.int64)
-    weights_y = np.ascontiguousarray(axis_weights[0], dtype=out.dtype)
-    weights_x = np.ascontiguousarray(axis_weights[1], dtype=out.dtype)
-    first, last = int(ys.min()), int(ys.max()) + values.shape[-2]
-    workers = 1 if pool is None else pool.threads
-    edges = np.linspace(first, last, workers + 1).astype(np.int64).tolist()
-    bands = [(lo, hi) for lo, hi in itertools.pairwise(edges) if hi > lo]
-
-    kernel = _compiled("_blend_patches")
-
-    def run(band: tuple[int, int]) -> None:
-        kernel(flat_out, flat_values, ys, xs, iy, ix, weights_y, weights_x, *band)
-
-    if pool is None or len(bands) == 1:
-        for band in bands:
-            run(band)
-    else:
-        list(pool.map(run, bands))
+    indices = [np.ascontiguousarray(r, dtype=np.int64) for r in rows]
+    reached = (int(ys.min()), int(ys.max()) + values.shape[-2])
+    _in_bands("_blend_patches", out, values, reached, pool, ys, xs, *indices,
+              *_weights(axis_weights, out.dtype))  # fmt: skip
