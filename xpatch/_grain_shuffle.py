@@ -43,6 +43,8 @@ def chunk_shuffle(
     if dataset is None:
         dataset = grain.MapDataset.source(source)
     groups = source.chunk_of_patch()
+    # Shards split the patches by anchor chunk; the order may group them otherwise.
+    visits = source.shuffle_groups()
     if len(dataset) != len(groups):
         raise OptionError(
             f"dataset has {len(dataset)} elements and the source {len(groups)} patches; "
@@ -55,7 +57,7 @@ def chunk_shuffle(
         # the caller's order, and a run of it could span every chunk.
         start, stop = shard_range(len(groups), shard_options)
         members = np.argsort(groups, kind="stable")[start:stop]
-    return ChunkShuffleMapDataset(dataset, groups=groups, seed=seed, members=members, source=source)
+    return ChunkShuffleMapDataset(dataset, groups=visits, seed=seed, members=members, source=source)
 
 
 def shard_range(count: int, shard_options: Any) -> tuple[int, int]:
@@ -98,7 +100,8 @@ class ChunkShuffleMapDataset(grain.MapDataset):
     parent
         The dataset to shuffle.
     groups
-        ``(len(parent),)`` group label of every element (the chunk of its patch).
+        ``(len(parent),)`` group label of every element, or ``(len(parent), m)``
+        labels, -1 padded (the chunks its patch touches: it comes with the last).
     seed
         ``0 <= seed < 2**32``.
     members

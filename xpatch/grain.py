@@ -29,18 +29,12 @@ import numpy as np
 import xarray as xr
 from dask.base import tokenize
 
-from xpatch.core.chunk_cache import (
-    DEFAULT_CACHE_BYTES,
-    CacheStats,
-    ChunkCache,
-    assemble_patch,
-    read_region,
-)
+from xpatch.core.chunk_cache import DEFAULT_CACHE_BYTES, CacheStats
 from xpatch.core.errors import DimensionError, OptionError, PredictionError
-from xpatch.core.padding import fill_padded
 from xpatch.core.shuffle import chunk_local_permutation
 from xpatch.geo import patch_transforms
-from xpatch.grain_plans import VariablePlan, variable_index
+from xpatch.grain_plans import VariablePlan
+from xpatch.grain_reader import PatchReader
 from xpatch.variables import data_token, patched_variables
 
 if TYPE_CHECKING:
@@ -179,17 +173,22 @@ class PatchSource:
         # The plan's chunks (the input's, which order the patches) are the ones
         # cached, so that a pass in patch order reads chunk after chunk.
         lazy = any(plan.lazy for plan in plans)
-        grid = patcher.plan.grid if lazy else None
         mark_absl_flags_parsed()
         self._patcher = patcher
         self._plans = plans
         self._anchors = anchors
         self._anchor_tuples = [tuple(row) for row in anchors.tolist()]
-        self._grid = grid
-        self._size = size
-        self._shape = list(patcher.geometry.shape)
         self._pad_mode = patcher.pad_mode
-        self._window = patcher.blend_window.values.astype(np.float32)
+        self._reader = PatchReader(
+            plans,
+            patcher.plan.grid if lazy else None,
+            anchors,
+            size,
+            patcher.geometry.shape,
+            patcher.pad_mode,
+            patcher.blend_window.values.astype(np.float32),
+            int(cache_bytes),
+        )
         self._transforms = None
         if transform:
             self._transforms = patch_transforms(obj, dims, anchors)
@@ -198,8 +197,6 @@ class PatchSource:
                     "transform=True needs a raster: y and x dims with regularly spaced numeric "
                     "coordinates, or a grid mapping with a GeoTransform (da.rio.write_transform())."
                 )
-        self._cache_bytes = int(cache_bytes)
-        self._cache = ChunkCache(self._cache_bytes)
         self._fingerprint: str | None = None  # computed on first use: it may hash the data
 
     # -- protocol -------------------------------------------------------------------
@@ -217,10 +214,8 @@ class PatchSource:
             raise IndexError(f"patch index {position} is out of range for {n} patches.")
         position %= n
         anchor = self._anchor_tuples[position]
-        blocks = self._grid.touched(anchor, self._size) if self._grid is not None else []
-        chunks = [(self._grid.region(b), self._chunk(b)) for b in blocks]
-        item = {plan.name: self._cut(plan, anchor, chunks) for plan in self._plans}
-        item["weights"] = self._weights(anchor)
+        item = self._reader.read(anchor)
+        item["weights"] = self._reader.weights(anchor)
         item["anchor"] = np.array(anchor, dtype=np.int64)
         item["index"] = np.int64(position)
         if self._transforms is not None:
@@ -234,90 +229,9 @@ class PatchSource:
             f"{type(self._patcher.obj).__name__} {self.variables}, fingerprint={self.fingerprint})"
         )
 
-    def __getstate__(self) -> dict:
-        state = self.__dict__.copy()
-        del state["_cache"]
-        return state
-
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
-        self._cache = ChunkCache(self._cache_bytes)
         mark_absl_flags_parsed()
-
-    # -- reading ----------------------------------------------------------------------
-
-    def _chunk(self, block: tuple[int, ...]) -> dict[Hashable, np.ndarray]:
-        return self._cache.get(block, lambda: self._load(block))
-
-    def _load(self, block: tuple[int, ...]) -> dict[Hashable, np.ndarray]:
-        region = self._grid.region(block)
-        loaded = {}
-        for plan in self._plans:
-            if plan.lazy:
-                # The calling thread computes: Grain's read threads and worker
-                # processes are the parallelism; a nested thread pool would contend.
-                value = read_region(plan.var.data, plan.axes, [region[j] for j in plan.columns])
-                value.setflags(write=False)
-                loaded[plan.name] = value
-        return loaded
-
-    def _cut(self, plan: VariablePlan, anchor: tuple[int, ...], chunks: list) -> np.ndarray:
-        local = [anchor[j] for j in plan.columns]
-        inside = all(a + s <= n for a, s, n in zip(local, plan.patch_size, plan.extents))
-        if not inside and self._pad_mode != "constant":  # cells repeated from the input
-            out = np.empty(plan.patch_shape, plan.dtype)
-            read = lambda box: self._read_box(plan, anchor, box)  # noqa: E731
-            return fill_padded(out, plan.axes, local, plan.extents, self._pad_mode, read)
-        out = (
-            np.empty(plan.patch_shape, plan.dtype)
-            if inside
-            else np.full(plan.patch_shape, plan.pad_value, plan.dtype)
-        )
-        if plan.lazy:
-            pieces = [
-                (tuple(region[j] for j in plan.columns), values[plan.name])
-                for region, values in chunks
-            ]
-            return assemble_patch(out, plan.axes, local, pieces)
-        window = variable_index(
-            plan, [slice(a, a + s) for a, s in zip(anchor, self._size)], clip=True
-        )
-        values = plan.var[window].values
-        target = [slice(None)] * len(plan.patch_shape)
-        for ax in plan.axes:
-            target[ax] = slice(0, values.shape[ax])
-        out[tuple(target)] = values
-        return out
-
-    def _read_box(self, plan: VariablePlan, anchor, box: list[tuple[int, int]]) -> np.ndarray:
-        # The input cells of `box` (one [start, stop) per column of `plan`), whatever
-        # chunks hold them: a patch padded by repetition reads them from far away.
-        lo, size = list(anchor), list(self._size)
-        for j, (a, b) in zip(plan.columns, box):
-            lo[j], size[j] = a, b - a
-        region = [slice(a, a + n) for a, n in zip(lo, size)]
-        if not plan.lazy:
-            return np.asarray(plan.var[variable_index(plan, region)].values)
-        shape = list(plan.patch_shape)
-        for ax, (a, b) in zip(plan.axes, box):
-            shape[ax] = b - a
-        pieces = [
-            (tuple(self._grid.region(b)[j] for j in plan.columns), self._chunk(b)[plan.name])
-            for b in self._grid.touched(lo, size)
-        ]
-        return assemble_patch(
-            np.empty(shape, plan.dtype), plan.axes, [lo[j] for j in plan.columns], pieces
-        )
-
-    def _weights(self, anchor: tuple[int, ...]) -> np.ndarray:
-        # A fresh array per item: consumers such as torch's collate want to own it.
-        weights = self._window.copy()
-        for j, (a, s, n) in enumerate(zip(anchor, self._size, self._shape)):
-            if a + s > n:
-                index = [slice(None)] * weights.ndim
-                index[j] = slice(n - a, None)
-                weights[tuple(index)] = 0
-        return weights
 
     # -- information ------------------------------------------------------------------
 
@@ -337,22 +251,53 @@ class PatchSource:
         ``loads / number of chunks`` is the read amplification of a pass. Each
         worker process has its own cache and counters.
         """
-        return self._cache.stats()
+        return self._reader.cache.stats()
 
     def clear_cache(self) -> None:
         """Drop the cached chunks and reset the counters."""
-        self._cache.clear()
+        self._reader.cache.clear()
 
     @property
     def chunk_count(self) -> int:
         """Number of input chunks (1 for input without dask chunks)."""
-        return self._grid.count if self._grid is not None else 1
+        grid = self._reader.grid
+        return grid.count if grid is not None else 1
 
     def chunk_of_patch(self) -> np.ndarray:
         """For every patch, the flat (C-order) index of the chunk holding its anchor."""
-        if self._grid is None:
+        if self._reader.grid is None:
             return np.zeros(len(self), dtype=np.int64)
         return self._patcher.plan.chunk_of_patch()
+
+    def touched_chunks(self) -> np.ndarray:
+        """``(n, m)``: for every patch, the flat indices of the chunks it touches, -1 padded.
+
+        Examples
+        --------
+        >>> import numpy as np, xarray as xr, xpatch
+        >>> da_ = xr.DataArray(np.zeros(8), dims="x").chunk(4)
+        >>> da_.patch(x=4, stride=2).to_grain().touched_chunks().tolist()
+        [[0, -1], [0, 1], [1, -1]]
+        """
+        grid = self._reader.grid
+        if grid is None:
+            return np.zeros((len(self), 1), dtype=np.int64)
+        return grid.touched_ids(self._anchors, self._reader.size)
+
+    def shuffle_groups(self) -> np.ndarray:
+        """Return the groups :meth:`chunk_shuffle` visits: a chunk per patch, or all it touches.
+
+        When patches straddle chunk borders and the cache holds every chunk's
+        frame (the edges that straddling patches read) besides a chunk, a
+        straddling patch comes with the last of its chunks and the cache keeps
+        frames of the chunks it evicts: each chunk is then read once per epoch.
+        Otherwise a patch comes with the chunk of its anchor, and frames are off
+        (a sequential pass does better without them).
+        """
+        if not self._reader.frames_fit():
+            return self.chunk_of_patch()
+        self._reader.keep_frames()
+        return self.touched_chunks()
 
     @property
     def fingerprint(self) -> str:
@@ -421,7 +366,7 @@ class PatchSource:
         >>> bool((order != src.chunk_shuffled_order(seed=0, epoch=1)).any())
         True
         """
-        return chunk_local_permutation(self.chunk_of_patch(), seed, epoch)
+        return chunk_local_permutation(self.shuffle_groups(), seed, epoch)
 
     def chunk_shuffle(self, dataset: Any = None, *, seed: int, shard_options: Any = None) -> Any:
         """Shuffle chunk by chunk: chunks in a random order, their patches in a random order.

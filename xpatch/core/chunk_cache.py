@@ -8,6 +8,8 @@ patch out of the chunks it touches.
 The standard library's ``functools.lru_cache`` bounds entries, not bytes, and
 neither it nor ``cachetools`` makes concurrent misses of one key wait for a single
 load, which is what keeps 16 Grain read threads from reading a chunk 16 times.
+Nor can they keep a smaller stand-in for an evicted entry: a chunk's frame
+(:mod:`xpatch.core.chunk_frames`), which serves the patches straddling into it.
 """
 
 from __future__ import annotations
@@ -28,6 +30,16 @@ from xpatch.core.plan import chunk_starts
 
 #: Default byte limit of a chunk cache (per process).
 DEFAULT_CACHE_BYTES = 512 * 2**20
+
+#: Frames may fill at most this share of a cache; past it, the oldest entry goes.
+FRAMES_SHARE_OF_CACHE = 0.75
+
+
+@dataclass(frozen=True)
+class FrameKey:
+    """The key of the frame kept for the chunk under ``key``."""
+
+    key: Hashable
 
 
 @dataclass(frozen=True)
@@ -75,10 +87,18 @@ class ChunkCache:
     different chunks load in parallel; threads that ask for a chunk while it loads
     wait for that load. A chunk larger than the limit is returned but not kept.
 
+    With a ``shrink`` function, an evicted chunk is replaced by ``shrink(key,
+    value)`` (its frame) unless that is None, and chunks are evicted before
+    frames while frames hold at most :data:`FRAMES_SHARE_OF_CACHE` of the limit.
+    :meth:`get_or_frame` serves a request from a frame when it can.
+
     Parameters
     ----------
     max_bytes
-        Upper bound of the bytes of the chunks held.
+        Upper bound of the bytes of the chunks (and frames) held.
+    shrink
+        Called under the cache's lock with an evicted chunk; returns the frame to
+        keep, or None. Default: no frames, least-recently-used eviction.
 
     Examples
     --------
@@ -89,8 +109,14 @@ class ChunkCache:
     (1, 1)
     """
 
-    def __init__(self, max_bytes: int = DEFAULT_CACHE_BYTES) -> None:
+    def __init__(
+        self,
+        max_bytes: int = DEFAULT_CACHE_BYTES,
+        shrink: Callable[[Hashable, object], object | None] | None = None,
+    ) -> None:
         self.max_bytes = int(max_bytes)
+        self.shrink = shrink
+        self._frame_bytes = 0
         self._lock = threading.Lock()
         self._entries: OrderedDict[Hashable, tuple[object, int]] = OrderedDict()
         self._pending: dict[Hashable, _Pending] = {}
@@ -140,16 +166,64 @@ class ChunkCache:
             pending.done.set()
         return value
 
+    def get_or_frame(
+        self, key: Hashable, serve: Callable[[object], object | None], load: Callable[[], object]
+    ) -> tuple[bool, object]:
+        """Return ``(True, chunk)``, or ``(False, serve(frame))`` when a frame can serve.
+
+        The chunk under ``key`` if held; else the result of ``serve`` on its
+        frame if a frame is held and ``serve`` does not return None; else the
+        chunk, loaded as :meth:`get` does.
+        """
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is not None:
+                self._entries.move_to_end(key)
+                self._hits += 1
+                return True, entry[0]
+            frame = self._entries.get(FrameKey(key))
+            if frame is not None:
+                served = serve(frame[0])
+                if served is not None:
+                    self._entries.move_to_end(FrameKey(key))
+                    self._hits += 1
+                    return False, served
+        return True, self.get(key, load)
+
     def _store(self, key: Hashable, value: object) -> None:
         size = _nbytes(value)
         if size > self.max_bytes:
             return
+        if FrameKey(key) in self._entries:  # the chunk itself serves what its frame did
+            self._drop(FrameKey(key))
         self._entries[key] = (value, size)
         self._bytes += size
         while self._bytes > self.max_bytes:
-            _, (_, dropped) = self._entries.popitem(last=False)
-            self._bytes -= dropped
+            victim = next(k for k in self._entries if k != key)
+            if self.shrink is not None and self._frame_bytes <= FRAMES_SHARE_OF_CACHE * (
+                self.max_bytes
+            ):
+                # Chunks first: a frame costs a fraction of one and serves its neighbours.
+                victim = next(
+                    (k for k in self._entries if k != key and not isinstance(k, FrameKey)),
+                    victim,
+                )
+            evicted = self._drop(victim)
             self._evictions += 1
+            frame = None
+            if self.shrink is not None and not isinstance(victim, FrameKey):
+                frame = self.shrink(victim, evicted)
+            if frame is not None:
+                self._entries[FrameKey(victim)] = (frame, _nbytes(frame))
+                self._bytes += self._entries[FrameKey(victim)][1]
+                self._frame_bytes += self._entries[FrameKey(victim)][1]
+
+    def _drop(self, key: Hashable) -> object:
+        value, size = self._entries.pop(key)
+        self._bytes -= size
+        if isinstance(key, FrameKey):
+            self._frame_bytes -= size
+        return value
 
     def stats(self) -> CacheStats:
         """Return a snapshot of the counters."""
@@ -160,13 +234,15 @@ class ChunkCache:
         """Drop every chunk and reset the counters."""
         with self._lock:
             self._entries.clear()
-            self._bytes = 0
+            self._bytes = self._frame_bytes = 0
             self._loads = self._hits = self._evictions = 0
 
 
 def _nbytes(value: object) -> int:
     if isinstance(value, dict):
         return sum(_nbytes(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return sum(_nbytes(v) for v in value)
     return int(getattr(value, "nbytes", 0))
 
 

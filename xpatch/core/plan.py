@@ -170,6 +170,32 @@ class ChunkGrid:
         ]
         return np.ravel_multi_index(per_axis, self.numblocks).astype(np.int64)
 
+    def touched_ids(self, anchors: np.ndarray, size: Sequence[int]) -> np.ndarray:
+        """``(n, m)`` flat (C-order) indices of the chunks each patch overlaps, -1 padded.
+
+        Examples
+        --------
+        >>> grid = ChunkGrid.from_chunks([(4, 4)])
+        >>> grid.touched_ids(np.array([[0], [2], [6]]), [4]).tolist()
+        [[0, -1], [0, 1], [1, -1]]
+        """
+        n = len(anchors)
+        firsts, lasts = [], []
+        for j, s in enumerate(self.starts):
+            a = np.asarray(anchors[:, j], dtype=np.int64) if n else np.zeros(0, np.int64)
+            stop = np.minimum(a + int(size[j]), s[-1])
+            firsts.append(np.searchsorted(s, a, side="right") - 1)
+            lasts.append(np.searchsorted(s, stop, side="left") - 1)
+        spans = [int((b - a).max()) + 1 if n else 1 for a, b in zip(firsts, lasts)]
+        columns = []
+        for offsets in itertools.product(*(range(m) for m in spans)):
+            index = [a + o for a, o in zip(firsts, offsets)]
+            valid = np.logical_and.reduce([i <= b for i, b in zip(index, lasts)])
+            clipped = [np.minimum(i, b) for i, b in zip(index, lasts)]
+            flat = np.ravel_multi_index(clipped, self.numblocks) if n else np.zeros(0, np.int64)
+            columns.append(np.where(valid, flat, -1))
+        return np.stack(columns, axis=1).astype(np.int64)
+
     def project(self, axes: Sequence[int]) -> ChunkGrid:
         """Return the grid along some of its axes."""
         return ChunkGrid(tuple(self.starts[j] for j in axes))

@@ -24,7 +24,11 @@ def chunk_local_permutation(groups: np.ndarray, seed: int, epoch: int) -> np.nda
     Parameters
     ----------
     groups
-        Group label of every element (for patches: the chunk holding the anchor).
+        Group label of every element (for patches: the chunk holding the anchor),
+        or ``(n, m)`` labels per element, ``-1`` where an element has fewer than
+        ``m`` (for patches: every chunk the patch touches). An element with
+        several labels joins the one of them that comes last, so that it is
+        visited after all of them.
     seed, epoch
         Where the randomness comes from.
 
@@ -36,8 +40,19 @@ def chunk_local_permutation(groups: np.ndarray, seed: int, epoch: int) -> np.nda
     >>> labels = np.array([0, 0, 1, 1, 1, 2])[order]
     >>> int((np.diff(labels) != 0).sum())  # each group in one run
     2
+    >>> touched = np.array([[0, -1], [1, -1], [0, 1]])  # the third straddles groups 0 and 1
+    >>> order = chunk_local_permutation(touched, seed=0, epoch=0)
+    >>> order.tolist().index(2) > min(order.tolist().index(0), order.tolist().index(1))
+    True
     """
     rng = np.random.default_rng([check_seed(seed), int(epoch)])
-    labels, group = np.unique(np.asarray(groups), return_inverse=True)
+    groups = np.asarray(groups)
+    if groups.ndim == 1:
+        labels, group = np.unique(groups, return_inverse=True)
+        rank = rng.permutation(len(labels))
+        return np.lexsort((rng.random(len(group)), rank[group]))
+    labels, flat = np.unique(groups[groups >= 0], return_inverse=True)
     rank = rng.permutation(len(labels))
-    return np.lexsort((rng.random(len(group)), rank[group]))
+    ranks = np.full(groups.shape, -1, dtype=np.int64)
+    ranks[groups >= 0] = rank[flat]
+    return np.lexsort((rng.random(len(groups)), ranks.max(axis=1)))

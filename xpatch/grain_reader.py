@@ -1,0 +1,230 @@
+"""How :class:`~xpatch.grain.PatchSource` reads one patch: chunks, frames, padding, weights.
+
+:class:`PatchReader` holds what reading needs of one patched object (its
+variables' plans, chunk grid, patch size, pad mode and window) and a chunk
+cache. It copies a patch out of the cached chunks it touches; a patch that
+straddles into a chunk the cache no longer holds whole is served from that
+chunk's frame (:mod:`xpatch.core.chunk_frames`) when frames are on, as they are
+under a chunk shuffle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+
+import numpy as np
+
+from xpatch.core.chunk_cache import ChunkCache, assemble_patch, read_region
+from xpatch.core.chunk_frames import (
+    FRAME_SHARE_OF_CHUNK,
+    FrameLayout,
+    covering_slab,
+    cut_frame,
+    frame_bytes,
+)
+from xpatch.core.padding import fill_padded
+from xpatch.core.plan import ChunkGrid
+from xpatch.grain_plans import VariablePlan, variable_index
+
+
+class PatchReader:
+    """Read patches of one patched object through a chunk cache.
+
+    Parameters
+    ----------
+    plans
+        One per served variable.
+    grid
+        The chunk grid along the patched axes, or None for input without dask chunks.
+    anchors
+        ``(n, dims)`` every patch's start: the frames are measured on them.
+    size, shape
+        Patch size and array extent per patched dim.
+    pad_mode
+        How cells past the array's edge are filled.
+    window
+        The blending window, float32, of the patch's shape.
+    cache_bytes
+        Byte limit of the chunk cache (built per process: see :meth:`__getstate__`).
+    """
+
+    def __init__(
+        self,
+        plans: Sequence[VariablePlan],
+        grid: ChunkGrid | None,
+        anchors: np.ndarray,
+        size: Sequence[int],
+        shape: Sequence[int],
+        pad_mode: str,
+        window: np.ndarray,
+        cache_bytes: int,
+    ) -> None:
+        self.plans = list(plans)
+        self.grid = grid
+        self.size = list(size)
+        self.shape = list(shape)
+        self.pad_mode = pad_mode
+        self.window = window
+        self.cache_bytes = int(cache_bytes)
+        self.frames: FrameLayout | None = None
+        self._anchors = anchors
+        self.cache = ChunkCache(self.cache_bytes)
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        del state["cache"]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.cache = ChunkCache(self.cache_bytes, self._shrink if self.frames else None)
+
+    def frames_fit(self) -> bool:
+        """Whether patches cross chunk borders and every chunk's frame fits in the cache.
+
+        The frames of all chunks together, plus the largest chunk, must fit, and
+        no frame may come near its chunk's size: then a chunk-shuffled epoch reads
+        each chunk once.
+        """
+        if self.grid is None:
+            return False
+        layout = FrameLayout.measure(self.grid, self._anchors, self.size)
+        if not layout.any() or layout.largest_share(self.grid) >= FRAME_SHARE_OF_CHUNK:
+            return False
+        cell_bytes = 0
+        for plan in self.plans:
+            if plan.lazy:
+                others = [n for ax, n in enumerate(plan.var.shape) if ax not in plan.axes]
+                cell_bytes += plan.dtype.itemsize * int(np.prod(others, dtype=np.int64))
+        largest = int(np.prod([max(np.diff(s)) for s in self.grid.starts], dtype=np.int64))
+        needed = (layout.total_cells(self.grid) + largest) * cell_bytes
+        return needed <= self.cache_bytes
+
+    def keep_frames(self) -> None:
+        """Keep the frames of evicted chunks from now on (a chunk shuffle asks for it)."""
+        if self.grid is None or self.frames is not None:
+            return
+        self.frames = FrameLayout.measure(self.grid, self._anchors, self.size)
+        self.cache.shrink = self._shrink
+
+    # -- one patch ----------------------------------------------------------------------
+
+    def read(self, anchor: tuple[int, ...]) -> dict[Hashable, np.ndarray]:
+        """Each variable's patch at ``anchor``."""
+        pieces = self._pieces(anchor) if self.grid is not None else []
+        return {plan.name: self._cut(plan, anchor, pieces) for plan in self.plans}
+
+    def weights(self, anchor: tuple[int, ...]) -> np.ndarray:
+        """Return the window, 0 on cells past the array's edge; a fresh array each call."""
+        # Fresh: consumers such as torch's collate want to own what they get.
+        weights = self.window.copy()
+        for j, (a, s, n) in enumerate(zip(anchor, self.size, self.shape)):
+            if a + s > n:
+                index = [slice(None)] * weights.ndim
+                index[j] = slice(n - a, None)
+                weights[tuple(index)] = 0
+        return weights
+
+    def _pieces(self, anchor: Sequence[int]) -> list:
+        # (region, values) pairs, one per touched chunk: the chunk, or a slab of its frame.
+        blocks = self.grid.touched(anchor, self.size)
+        if len(blocks) == 1 or self.frames is None:
+            return [(self.grid.region(b), self._chunk(b)) for b in blocks]
+        pieces = []
+        for block in blocks:
+            region = self.grid.region(block)
+            box = tuple(
+                slice(max(a, r.start), min(a + s, r.stop))
+                for a, s, r in zip(anchor, self.size, region)
+            )
+            whole, value = self.cache.get_or_frame(
+                block,
+                lambda frame, box=box: covering_slab(frame, box),
+                lambda b=block: self._load(b),
+            )
+            pieces.append((region, value) if whole else value)
+        return pieces
+
+    def _chunk(self, block: tuple[int, ...]) -> dict[Hashable, np.ndarray]:
+        return self.cache.get(block, lambda: self._load(block))
+
+    def _load(self, block: tuple[int, ...]) -> dict[Hashable, np.ndarray]:
+        region = self.grid.region(block)
+        loaded = {}
+        for plan in self.plans:
+            if plan.lazy:
+                # The calling thread computes: Grain's read threads and worker
+                # processes are the parallelism; a nested thread pool would contend.
+                value = read_region(plan.var.data, plan.axes, [region[j] for j in plan.columns])
+                value.setflags(write=False)
+                loaded[plan.name] = value
+        return loaded
+
+    def _shrink(self, block: tuple[int, ...], chunk: dict) -> list | None:
+        slabs = self.frames.slabs(self.grid, block)
+        if not slabs:
+            return None
+        columns = {plan.name: list(zip(plan.axes, plan.columns)) for plan in self.plans}
+        frame = cut_frame(self.grid.region(block), slabs, chunk, columns)
+        whole = sum(v.nbytes for v in chunk.values())
+        # A variable lacking a patched axis is copied whole into each slab along it.
+        return frame if frame_bytes(frame) < FRAME_SHARE_OF_CHUNK * whole else None
+
+    def _cut(self, plan: VariablePlan, anchor: tuple[int, ...], pieces: list) -> np.ndarray:
+        local = [anchor[j] for j in plan.columns]
+        inside = all(a + s <= n for a, s, n in zip(local, plan.patch_size, plan.extents))
+        if not inside and self.pad_mode != "constant":  # cells repeated from the input
+            out = np.empty(plan.patch_shape, plan.dtype)
+            read = lambda box: self._read_box(plan, anchor, box)  # noqa: E731
+            return fill_padded(out, plan.axes, local, plan.extents, self.pad_mode, read)
+        if plan.lazy:
+            parts = [
+                (tuple(region[j] for j in plan.columns), values[plan.name])
+                for region, values in pieces
+            ]
+            if inside and len(parts) == 1:  # one chunk holds it: a slice's copy is faster
+                region, values = parts[0]
+                index = [slice(None)] * values.ndim
+                for ax, a, s, sl in zip(plan.axes, local, plan.patch_size, region):
+                    index[ax] = slice(a - sl.start, a - sl.start + s)
+                return values[tuple(index)].copy()
+            out = (
+                np.empty(plan.patch_shape, plan.dtype)
+                if inside
+                else np.full(plan.patch_shape, plan.pad_value, plan.dtype)
+            )
+            return assemble_patch(out, plan.axes, local, parts)
+        out = (
+            np.empty(plan.patch_shape, plan.dtype)
+            if inside
+            else np.full(plan.patch_shape, plan.pad_value, plan.dtype)
+        )
+        window = variable_index(
+            plan, [slice(a, a + s) for a, s in zip(anchor, self.size)], clip=True
+        )
+        values = plan.var[window].values
+        target = [slice(None)] * len(plan.patch_shape)
+        for ax in plan.axes:
+            target[ax] = slice(0, values.shape[ax])
+        out[tuple(target)] = values
+        return out
+
+    def _read_box(self, plan: VariablePlan, anchor, box: list[tuple[int, int]]) -> np.ndarray:
+        # The input cells of `box` (one [start, stop) per column of `plan`), whatever
+        # chunks hold them: a patch padded by repetition reads them from far away.
+        lo, size = list(anchor), list(self.size)
+        for j, (a, b) in zip(plan.columns, box):
+            lo[j], size[j] = a, b - a
+        region = [slice(a, a + n) for a, n in zip(lo, size)]
+        if not plan.lazy:
+            return np.asarray(plan.var[variable_index(plan, region)].values)
+        shape = list(plan.patch_shape)
+        for ax, (a, b) in zip(plan.axes, box):
+            shape[ax] = b - a
+        pieces = [
+            (tuple(self.grid.region(b)[j] for j in plan.columns), self._chunk(b)[plan.name])
+            for b in self.grid.touched(lo, size)
+        ]
+        return assemble_patch(
+            np.empty(shape, plan.dtype), plan.axes, [lo[j] for j in plan.columns], pieces
+        )
