@@ -32,7 +32,7 @@ from xpatch.core.overlap_add import worker_count
 STORE_TASK_PREFIX = "xpatch-write-"
 
 #: A wave holds at least this many blocks per worker thread, to keep the cores busy.
-BLOCKS_PER_THREAD = 2
+BLOCKS_PER_THREAD = 1
 
 #: Waves are given up when, together, they would run this many times the tasks of
 #: one computation (a result that mixes distant blocks, such as ``r / r.max()``).
@@ -148,6 +148,7 @@ def run_in_waves(graph: dict, waves: list, first: dict, last_read: dict, progres
         The sum of the store tasks' results: the number of blocks written.
     """
     scheduler = dask.base.get_scheduler() or threaded_get
+    _map_large_arrays()
     bar = _BlockProgress(sum(map(len, waves))) if progress else contextlib.nullcontext()
     written = 0
     carried: dict = {}  # overhang key -> its pieces, standing in the graph
@@ -184,6 +185,33 @@ def _unread_pieces(key: tuple, pieces: Any, last_read: dict, number: int) -> Any
         for block, piece in pieces.items()
         if last_read.get((name, *lead_block, *block), -1) > number
     }
+
+
+#: glibc's ``mallopt`` parameter of the size from which allocations are mapped.
+M_MMAP_THRESHOLD = -3
+
+#: Arrays from this size on get pages of their own, handed back to the OS when freed.
+MMAP_THRESHOLD = 2**20
+
+
+@functools.cache
+def _map_large_arrays() -> None:
+    """Have glibc map every allocation of :data:`MMAP_THRESHOLD` bytes or more.
+
+    By default glibc raises its threshold to the largest block freed so far (up
+    to 32 MiB), after which input chunks, patches and partials of a few MiB come
+    from the heaps of the worker threads; a block freed by one thread is not
+    reused by another, and the resident size grew by ~130 MiB over the live data
+    in a 1 GiB write (docs/scale.md). A fixed threshold maps them instead: freed,
+    they leave the process at once. Process-wide and kept (glibc offers no way
+    back to the sliding threshold); other programs see the same arrays, only
+    mapped. Done once, at the first write in waves.
+    """
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:  # not glibc
+        return
+    libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
 
 
 def _trim_memory() -> None:

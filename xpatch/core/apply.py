@@ -21,7 +21,13 @@ from dask.utils import parse_bytes
 from xpatch.core.callables import code_token
 from xpatch.core.dtypes import working_dtype
 from xpatch.core.errors import PredictionError
-from xpatch.core.extract import extract_into, extract_numpy, extract_task, group_reads
+from xpatch.core.extract import (
+    extract_into,
+    extract_numpy,
+    extract_task,
+    group_reads,
+    strip_reads,
+)
 from xpatch.core.lattice import lattice_overlap_add
 from xpatch.core.overlap_add import BlendWindow, Reduction, blends_batches, overlap_add_groups
 from xpatch.core.padding import PadMode
@@ -365,6 +371,7 @@ def apply_dask(
     acc = weighted_result_dtype(dtype, reduce, window, out_plan, weights is not None)
     partial_keys = {}
     reads = group_reads(array, axes, plan, whole_axes=range(n_carried), pad_mode=pad_mode)
+    reads = strip_reads(list(reads), array, name, layer)
     for g, _, nested, crops, local, takes in reads:
         key = (f"{name}-partial", g)
         lo, shape = out_plan.boxes[g]

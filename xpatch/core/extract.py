@@ -8,9 +8,10 @@ input's axis order, with each patched axis shortened to the patch size.
 from __future__ import annotations
 
 import itertools
+import operator
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import dask.array as da
 import numpy as np
@@ -171,6 +172,8 @@ def join_blocks(nested: list, crops: Sequence[Sequence[slice]]) -> np.ndarray:
     def cut(item, depth: int, index: tuple) -> Any:
         if isinstance(item, list):
             return [cut(sub, depth + 1, (*index, i)) for i, sub in enumerate(item)]
+        if isinstance(item, Strip):  # cut already, by the block's strips task
+            return item.cells
         return item[tuple(crops[axis][i] for axis, i in enumerate(index))]
 
     return concatenate3(cut(nested, 0, ()))
@@ -186,6 +189,54 @@ def extract_task(nested: list, crops, axes, anchors, size, pad_value, takes=()) 
     for ax, index in takes:
         joined = np.take(joined, index, axis=ax)
     return extract_numpy(joined, axes, anchors, size, pad_value)
+
+
+class Strip(NamedTuple):
+    """The part of an input block that one read needs, cut (and copied) already."""
+
+    cells: np.ndarray
+
+
+def cut_strips(block: np.ndarray, crops: dict) -> dict:
+    """Copy out of ``block`` each read's part: ``crops`` maps a read to its index.
+
+    Copies, so that the block itself is freed once its strips are cut.
+    """
+    return {read: Strip(block[index].copy()) for read, index in crops.items()}
+
+
+def strip_reads(reads: list, array: da.Array, name: str, layer: dict) -> list:
+    """Let the reads of :func:`group_reads` take thin parts of blocks from strips tasks.
+
+    A group reads its home block nearly whole and thin strips of its neighbours.
+    Read directly, every neighbour block stays in memory (and, on a cluster, is
+    sent whole to the group's worker) until the group runs; instead one
+    ``{name}-strips`` task per block cuts the strips that groups need (at most
+    half the block each) and the block is freed at once. Adds those tasks to
+    ``layer``; returns ``reads`` with the nested keys of such parts replaced by
+    the tasks that pick them (the values are the same, cut earlier).
+    """
+    parts: dict[tuple, dict[tuple, tuple]] = {}
+
+    def swap(item, index: tuple, number: int, crops) -> Any:
+        if isinstance(item, list):
+            return [swap(sub, (*index, i), number, crops) for i, sub in enumerate(item)]
+        cut = tuple(crops[axis][i] for axis, i in enumerate(index))
+        block = [array.chunks[axis][b] for axis, b in enumerate(item[1:])]
+        cells = [len(range(*c.indices(n))) for c, n in zip(cut, block)]
+        if 2 * int(np.prod(cells, dtype=np.int64)) > int(np.prod(block, dtype=np.int64)):
+            return item  # most of the block: read it whole
+        # A read may take two parts of one block (padding that wraps around).
+        parts.setdefault(item, {})[(number, *index)] = cut
+        return (operator.getitem, (f"{name}-strips", *item[1:]), (number, *index))
+
+    out = [
+        (g, index, swap(nested, (), number, crops), crops, local, takes)
+        for number, (g, index, nested, crops, local, takes) in enumerate(reads)
+    ]
+    for key, crops in parts.items():
+        layer[(f"{name}-strips", *key[1:])] = (cut_strips, key, crops)
+    return out
 
 
 def group_reads(
