@@ -34,6 +34,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import dask
@@ -271,18 +272,24 @@ def figure_grain(s: Sizes) -> None:
     p = lazy.patch(y=256, x=256, stride=192)
     anchors = p.plan.anchors
 
-    def first_epoch() -> None:
-        src = p.to_grain()
-        for i in range(len(src)):
-            src[i]
+    def first_epoch(weights: bool) -> Callable[[], None]:
+        def run() -> None:
+            src = p.to_grain(weights=weights)
+            for i in range(len(src)):
+                src[i]
+
+        return run
 
     def numpy_slicing() -> None:
         for y, x in anchors.tolist():
             values[:, y : y + 256, x : x + 256].copy()
 
-    t_source = best_of(first_epoch, s.repeat)
+    t_source = best_of(first_epoch(False), s.repeat)
+    t_weights = best_of(first_epoch(True), s.repeat)
     t_numpy = best_of(numpy_slicing, s.repeat)
-    report("source first epoch / numpy slicing (rate)", t_numpy / t_source, 0.8)
+    # numpy slicing serves the patches only; so does the source with weights=False.
+    report("source first epoch (weights=False) / numpy slicing (rate)", t_numpy / t_source, 0.8)
+    print(f"     with weights (the default, 25 % more bytes): {t_numpy / t_weights:.2f} of numpy")
     if bench_grain.xbatcher is None:
         skipped("source / xbatcher, first epoch (rate)", "pip install xbatcher")
     else:
@@ -293,6 +300,8 @@ def figure_grain(s: Sizes) -> None:
         )  # fmt: skip
         t_xb = best_of(lambda: bench_grain.xbatcher_patches(generator, count), 1) / count
         report("source / xbatcher, first epoch (rate)", t_xb / (t_source / len(p)), 20.0)
+        ceiling = t_xb / (t_numpy / len(p))
+        print(f"     numpy slicing / xbatcher: {ceiling:.1f} (the ceiling of copying the patches)")
     chunk_bytes = 4 * chunk * chunk * 4
     src = p.to_grain(cache_bytes=8 * chunk_bytes + MiB)
     stats, whole = bench_grain.loads_per_chunk(src, "chunk-local shuffle", threaded=False)

@@ -157,6 +157,18 @@ def test_items_do_not_alias_the_input_or_the_cache():
     assert (src[0]["weights"] > 0).all()
 
 
+def test_weights_false_leaves_the_weights_out_and_serves_the_same_patches():
+    scene = dask_scene()
+    with_weights = scene.patch(y=24, x=24, stride=20).to_grain()
+    without = scene.patch(y=24, x=24, stride=20).to_grain(weights=False)
+    for i in range(len(without)):
+        item, full = without[i], with_weights[i]
+        assert sorted(item) == ["anchor", "data", "index"]
+        np.testing.assert_array_equal(item["data"], full["data"])
+    with pytest.raises(xpatch.OptionError, match="weights='no' must be True or False"):
+        scene.patch(y=24, x=24).to_grain(weights="no")
+
+
 def test_negative_indices_count_from_the_end_and_bad_ones_are_refused():
     src = dask_scene().patch(y=32, x=40).to_grain()
     np.testing.assert_array_equal(src[-1]["data"], src[len(src) - 1]["data"])

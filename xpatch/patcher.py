@@ -526,12 +526,14 @@ class Patcher(Generic[T]):
         variables: Sequence[Hashable] | None = None,
         cache_bytes: int = DEFAULT_CACHE_BYTES,
         transform: bool = False,
+        weights: bool = True,
     ) -> PatchSource:
         """Serve the patches as a Grain ``RandomAccessDataSource`` (or PyTorch dataset).
 
         Item ``i`` is a dict of numpy arrays: ``"data"`` (or one entry per Dataset
-        variable), ``"weights"``, ``"anchor"`` and ``"index"`` (and the patch's
-        ``"transform"`` with ``transform=True``). Dask input is read chunk by chunk
+        variable), ``"weights"`` (unless ``weights=False``), ``"anchor"`` and
+        ``"index"`` (and the patch's ``"transform"`` with ``transform=True``).
+        Dask input is read chunk by chunk
         through a cache of ``cache_bytes`` per process; building the source computes
         nothing. See :class:`xpatch.grain.PatchSource`.
 
@@ -545,7 +547,9 @@ class Patcher(Generic[T]):
         """
         from xpatch.grain import PatchSource
 
-        return PatchSource(self, variables=variables, cache_bytes=cache_bytes, transform=transform)
+        return PatchSource(
+            self, variables=variables, cache_bytes=cache_bytes, transform=transform, weights=weights
+        )
 
 
 #: The functional form of ``obj.patch(...)``: ``xpatch.patch(obj, size, stride, ...)``.
