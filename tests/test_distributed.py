@@ -143,6 +143,28 @@ def test_write_to_zarr_uses_the_active_client(client, lazy, tmp_path, capsys, mo
     assert "100%" in shown.out + shown.err
 
 
+def test_write_on_the_cluster_runs_in_waves_with_overhangs_kept_on_the_workers(
+    client, tmp_path, monkeypatch
+):
+    # 6 x 5 blocks: 30 blocks in waves of 8 (4 per worker thread), and patch groups
+    # overhanging into blocks of the next wave.
+    values = np.random.default_rng(3).normal(size=(2, 96, 80))
+    data = xr.DataArray(values, dims=("band", "y", "x"), name="data").chunk({"y": 16, "x": 16})
+    waves = []
+    get = client.get
+
+    def counting_get(dsk, keys, **kwargs):
+        waves.append(sum(str(k[0]).startswith(xpatch.waves.STORE_TASK_PREFIX) for k in keys))
+        return get(dsk, keys, **kwargs)
+
+    monkeypatch.setattr(client, "get", counting_get)
+    p = data.patch(y=12, x=12, stride=8, window="hann")
+    written = xpatch.write(p.apply(affine, batch_size=8), tmp_path / "w.zarr", progress=False)
+    assert written == 30 and waves == [8, 8, 8, 6]
+    out = xr.open_zarr(tmp_path / "w.zarr")["data"]
+    np.testing.assert_allclose(out.values, values * 2 + 1, rtol=1e-12, atol=1e-12)
+
+
 def test_geotiff_write_uses_a_cluster_lock(client, tmp_path):
     rioxarray = pytest.importorskip("rioxarray")
     values = np.random.default_rng(2).random((1, 100, 130)).astype("float32")

@@ -18,11 +18,11 @@ what each means for a format; :mod:`xpatch.record` keeps the record and the lock
    rename the GeoTIFF into place), delete the record, release the lock.
 
 A kill at any moment leaves a state that the next run continues or refuses with
-a message saying what to do. On the local threaded (or synchronous) scheduler
-the store tasks run in waves of a few blocks (:mod:`xpatch.waves`), so that peak
-memory stays at a few blocks whatever the size of the output; a result whose
-blocks need distant blocks (``r / r.max()``), the process scheduler and
-``dask.distributed`` get one computation.
+a message saying what to do. On the local threaded (or synchronous) scheduler and
+on a ``dask.distributed`` client the store tasks run in waves of a few blocks
+(:mod:`xpatch.waves`), so that peak memory stays at a few blocks whatever the size
+of the output; a result whose blocks need distant blocks (``r / r.max()``) and the
+process scheduler get one computation.
 """
 
 from __future__ import annotations
@@ -141,12 +141,22 @@ def run_store_tasks(tasks: StoreTasks, progress: bool) -> int:
     graph = HighLevelGraph.from_collections(
         name, {**tasks.tasks, final: (sum, list(tasks.tasks))}, dependencies=tasks.dependencies
     )
-    if active_client() is None and waves.waves_fit_the_scheduler():
+    client = active_client()
+    if client is not None:
+        # One computation lets the cluster's scheduler hold many input chunks and
+        # partials at once, and workers spill (docs/scale.md); waves bound them.
+        # Larger waves than locally: each one is a round trip through the scheduler.
+        threads = sum(client.nthreads().values())
+        plan = waves.plan_waves(
+            dict(graph), tasks.indices, threads=waves.CLUSTER_WAVE_FACTOR * threads
+        )
+        if plan is not None:
+            return waves.run_in_waves(*plan, progress=progress, client=client)
+    elif waves.waves_fit_the_scheduler():
         plan = waves.plan_waves(dict(graph), tasks.indices)  # waves cull to the store tasks
         if plan is not None:
             return waves.run_in_waves(*plan, progress=progress)
-    # A cluster manages its workers' memory (limits, spilling); other graphs and
-    # schedulers run as one computation.
+    # Other graphs and schedulers run as one computation.
     (written,) = compute(Delayed(final, graph, layer=name), progress=progress)
     return int(written)
 
@@ -284,7 +294,8 @@ def write(
     overwrite
         Replace an existing ``path`` (or an unfinished run in it).
     progress
-        Show a progress bar (dask's locally, distributed's on a cluster).
+        Show a progress bar of the blocks written (dask's for a result written as one
+        computation).
     nodata
         GeoTIFF only: the nodata value stored in the file; NaN cells of float
         output are written as it. Default: the result's ``_FillValue`` /
