@@ -386,8 +386,10 @@ class PatchSource:
         has its own permutation, the same in every process for the same seed. One
         chunk's patches come together, so a cache much smaller than the data serves
         the epoch, where a global ``.shuffle`` reads each chunk many times: with half
-        of 4 x 4 chunks cached, about 2 reads per chunk against 19 (figures in
-        ``docs/grain.md``; patches that straddle chunk borders need their neighbours).
+        of 4 x 4 chunks cached, 1 read per chunk against 18 (figures in
+        ``docs/grain.md``). A patch straddling chunk borders comes with the last of
+        its chunks when the cache has room for the chunks' frames
+        (:meth:`shuffle_groups`), else with the chunk of its anchor.
         Use it when the data is larger than the cache; shuffle the batches if they
         need more mixing. Its own iterators carry :attr:`fingerprint` in their state.
 
