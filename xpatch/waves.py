@@ -2,10 +2,11 @@
 
 One dask computation over all the blocks of an output lets the scheduler (the
 local threaded one, or a cluster's) start many block rows at once, each holding
-its input chunks and patch groups, so memory grows with the output. :func:`plan_waves` splits the store tasks
-into waves of a few blocks, in row-major block order; :func:`run_in_waves`
-computes them one wave after another, keeping between waves only the thin pieces
-by which patch groups overhang into blocks still to come. :mod:`xpatch.io`
+its input chunks and patch groups, so memory grows with the output.
+:func:`plan_waves` splits the store tasks into waves of a few blocks, in
+row-major block order; :func:`run_in_waves` computes them one wave after
+another, keeping between waves only the thin pieces by which patch groups
+overhang into blocks still to come. :mod:`xpatch.io`
 decides when waves are used (:func:`waves_fit_the_scheduler` or a
 ``dask.distributed`` client, and a plan that does not recompute too much).
 """
