@@ -31,6 +31,7 @@ from xpatch.geo import AtPoints, InBounds
 from xpatch.io import write
 from xpatch.patcher import Patcher, patch
 from xpatch.version import VERSION as __version__
+from xpatch.weighted_anchors import WeightedAnchors
 
 __all__ = [
     "Anchors",
@@ -50,6 +51,7 @@ __all__ = [
     "RandomAnchors",
     "RegularGrid",
     "UncoveredCellsWarning",
+    "WeightedAnchors",
     "XPatchError",
     "__version__",
     "patch",

@@ -39,6 +39,7 @@ from xpatch.variables import (
     plan_grid,
     valid_fraction,
 )
+from xpatch.weighted_anchors import WeightedAnchors
 
 if TYPE_CHECKING:
     from xpatch.grain import PatchSource
@@ -184,12 +185,13 @@ class Patcher(Generic[T]):
         sampler = RegularGrid() if sampler is None else sampler
         if isinstance(sampler, AtLabels):
             sampler = sampler.resolve(label_locator(obj))
-        elif isinstance(sampler, AtPoints | InBounds):
+        elif isinstance(sampler, AtPoints | InBounds | WeightedAnchors):
             sampler = sampler.resolve(obj, geometry)
         if not isinstance(sampler, Sampler):
             raise OptionError(
                 f"sampler={sampler!r} has no anchors(geometry) method; use xpatch.RegularGrid(), "
-                "JitteredGrid, RandomAnchors, Anchors, AtLabels, AtPoints or InBounds."
+                "JitteredGrid, RandomAnchors, Anchors, AtLabels, AtPoints, InBounds or "
+                "WeightedAnchors."
             )
         if min_valid is not None and (
             isinstance(min_valid, bool)
