@@ -133,3 +133,32 @@ def test_count_and_seed_are_checked_and_the_sampler_needs_the_array():
         image.patch(y=4, x=4, sampler=xpatch.WeightedAnchors(weights, count=2, seed=-1))
     with pytest.raises(xpatch.OptionError, match="pass it as sampler="):
         xpatch.WeightedAnchors(weights, count=2).anchors(None)
+
+
+def test_balanced_weights_give_each_class_equal_mass_and_stay_lazy():
+    values = np.zeros((60, 60), dtype=np.int16)
+    values[10:13, 20:24] = 1  # 12 cells
+    values[40:50, 40:50] = 7  # 100 cells
+    labels = xr.DataArray(values, dims=("y", "x")).chunk(20)
+    with ComputeCounter() as counter:
+        weights = xpatch.balanced_weights(labels)
+    assert counter.computes == 1  # the class counts, nothing else
+    assert weights.chunks == labels.chunks
+    w = weights.values
+    for c in (0, 1, 7):
+        assert w[values == c].sum() == pytest.approx(1 / 3)
+    only = xpatch.balanced_weights(labels, classes=[1, 7]).values
+    assert (only[values == 0] == 0).all() and only[values == 1].sum() == pytest.approx(0.5)
+    image = xr.DataArray(np.zeros((60, 60)), dims=("y", "x"))
+    p = image.patch(y=4, x=4, sampler=xpatch.WeightedAnchors(weights, count=3000, seed=2))
+    centres = p.anchors().values + 2
+    drawn = values[centres[:, 0], centres[:, 1]]
+    assert all(abs((drawn == c).mean() - 1 / 3) < 0.04 for c in (0, 1, 7))
+
+
+def test_balanced_weights_refuse_float_labels_and_absent_classes():
+    with pytest.raises(xpatch.OptionError, match="integer or boolean class labels"):
+        xpatch.balanced_weights(xr.DataArray(np.zeros(4), dims="x"))
+    labels = xr.DataArray(np.array([0, 1, 1]), dims="x")
+    with pytest.raises(xpatch.OptionError, match=r"classes \[2\] have no cells"):
+        xpatch.balanced_weights(labels, classes=[1, 2])

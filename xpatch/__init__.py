@@ -31,7 +31,7 @@ from xpatch.geo import AtPoints, InBounds
 from xpatch.io import write
 from xpatch.patcher import Patcher, patch
 from xpatch.version import VERSION as __version__
-from xpatch.weighted_anchors import WeightedAnchors
+from xpatch.weighted_anchors import WeightedAnchors, balanced_weights
 
 __all__ = [
     "Anchors",
@@ -54,6 +54,7 @@ __all__ = [
     "WeightedAnchors",
     "XPatchError",
     "__version__",
+    "balanced_weights",
     "patch",
     "write",
 ]

@@ -8,10 +8,12 @@ draw runs (:func:`xpatch.core.weighted_draw.weighted_cells`).
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import dask
+import dask.array as da
 import numpy as np
 import xarray as xr
 
@@ -143,3 +145,64 @@ def weight_chunks(weights: xr.DataArray) -> Iterator[tuple[list[int], np.ndarray
     for index in itertools.product(*(range(len(c)) for c in data.chunks)):
         (values,) = dask.compute(data.blocks[index])
         yield [s[i] for s, i in zip(starts, index)], np.asarray(values)
+
+
+def balanced_weights(labels: xr.DataArray, classes: Sequence[Any] | None = None) -> xr.DataArray:
+    """Build a weight map giving each class the same total weight, for :class:`WeightedAnchors`.
+
+    A cell of class ``c`` weighs ``1 / (k * n_c)``, where ``n_c`` counts the
+    cells of class ``c`` and ``k`` the classes: patches then centre on each class
+    equally often (MONAI's ``RandCropByPosNegLabel`` with equal ratios). Cells of
+    labels not in ``classes`` weigh 0.
+
+    Counting reads the labels once (one Dask computation for lazy labels); the
+    map itself is as lazy as the labels.
+
+    Parameters
+    ----------
+    labels
+        Integer or boolean class labels on the array's grid.
+    classes
+        The classes to balance (default: every label present). Each must have at
+        least one cell.
+
+    Returns
+    -------
+    xarray.DataArray
+        float64, the dims and coordinates of ``labels``, summing to 1.
+
+    Examples
+    --------
+    >>> import numpy as np, xarray as xr, xpatch
+    >>> labels = xr.DataArray(np.array([[0, 0, 0], [0, 0, 1]]), dims=("y", "x"))
+    >>> xpatch.balanced_weights(labels).values.round(2).tolist()
+    [[0.1, 0.1, 0.1], [0.1, 0.1, 0.5]]
+    """
+    if not isinstance(labels, xr.DataArray) or not (
+        np.issubdtype(labels.dtype, np.integer) or labels.dtype == bool
+    ):
+        dtype = getattr(labels, "dtype", type(labels).__name__)
+        raise OptionError(
+            f"balanced_weights(labels=...) needs a DataArray of integer or boolean class "
+            f"labels; got {dtype}. Round or cast float labels first: labels.astype(int)."
+        )
+    if is_dask_backed(labels.variable):
+        (found, counts) = dask.compute(*da.unique(labels.data.ravel(), return_counts=True))
+    else:
+        found, counts = np.unique(labels.values, return_counts=True)
+    present = dict(zip(found.tolist(), counts.tolist()))
+    chosen = list(present) if classes is None else list(classes)
+    absent = [c for c in chosen if c not in present]
+    if absent or not chosen:
+        raise OptionError(
+            f"balanced_weights: classes {absent or chosen!r} have no cells in the labels "
+            f"(present: {sorted(present)}); leave them out of classes=."
+        )
+    keys = np.asarray(sorted(chosen))
+    per_cell = np.array([1.0 / (len(keys) * present[c]) for c in keys.tolist()])
+
+    def lookup(values: np.ndarray) -> np.ndarray:
+        where = np.clip(np.searchsorted(keys, values), 0, len(keys) - 1)
+        return np.where(keys[where] == values, per_cell[where], 0.0)
+
+    return xr.apply_ufunc(lookup, labels, dask="parallelized", output_dtypes=[np.float64])
