@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import time
 
 import dask.array as dsa
 import numpy as np
@@ -163,6 +164,27 @@ def test_write_on_the_cluster_runs_in_waves_with_overhangs_kept_on_the_workers(
     assert written == 30 and waves == [8, 8, 8, 6]
     out = xr.open_zarr(tmp_path / "w.zarr")["data"]
     np.testing.assert_allclose(out.values, values * 2 + 1, rtol=1e-12, atol=1e-12)
+
+
+def fails_on_large_values(batch: np.ndarray) -> np.ndarray:
+    """``affine``, but raises for a batch holding a value above 3 (a few of them do)."""
+    if batch.max() > 3.0:
+        raise RuntimeError("this batch fails")
+    return affine(batch)
+
+
+def test_a_failed_wave_leaves_nothing_on_the_cluster(client, tmp_path):
+    values = np.random.default_rng(3).normal(size=(2, 96, 80))
+    data = xr.DataArray(values, dims=("band", "y", "x"), name="data").chunk({"y": 16, "x": 16})
+    p = data.patch(y=12, x=12, stride=8, window="hann")
+    with pytest.raises(RuntimeError, match="this batch fails"):
+        xpatch.write(p.apply(fails_on_large_values), tmp_path / "f.zarr", progress=False)
+    deadline = time.monotonic() + 10
+    while sum(client.refcount.values()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert sum(client.refcount.values()) == 0  # no future held for the client's life
+    held = client.run_on_scheduler(lambda dask_scheduler: len(dask_scheduler.tasks))
+    assert held == 0
 
 
 def test_geotiff_write_uses_a_cluster_lock(client, tmp_path):

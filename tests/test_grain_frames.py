@@ -126,3 +126,43 @@ def test_cache_evicts_chunks_before_frames_and_serves_from_a_frame():
     assert whole and value.sum() == 10  # the frame could not serve: the chunk is loaded
     assert cache.stats().loads == 5
     assert FrameKey("a") not in cache._entries  # the chunk replaced its frame
+
+
+def test_the_fingerprint_names_the_grouping_so_a_checkpoint_cannot_change_order():
+    _, lazy = scene()
+    chunk_bytes = 3 * 32 * 32 * 4
+    frames = lazy.patch(y=8, x=8, stride=6).to_grain(cache_bytes=5 * chunk_bytes)
+    anchors = lazy.patch(y=8, x=8, stride=6).to_grain(cache_bytes=2 * chunk_bytes)
+    assert frames.shuffle_groups().ndim == 2 and anchors.shuffle_groups().ndim == 1
+    assert frames.fingerprint != anchors.fingerprint
+    roomy = lazy.patch(y=8, x=8, stride=6).to_grain(cache_bytes=9 * chunk_bytes)
+    assert roomy.fingerprint == frames.fingerprint  # the same order
+
+
+def test_a_failing_shrink_neither_hangs_waiters_nor_fails_the_load():
+    import threading
+    import time
+
+    def shrink(key, value):
+        raise MemoryError("no room for the frame")
+
+    cache = ChunkCache(max_bytes=100, shrink=shrink)
+    cache.get("a", lambda: np.zeros(60, np.uint8))
+    started = threading.Event()
+
+    def slow_load():
+        started.set()
+        time.sleep(0.2)
+        return np.ones(60, np.uint8)
+
+    results = {}
+    first = threading.Thread(target=lambda: results.setdefault(1, cache.get("b", slow_load)))
+    first.start()
+    started.wait()
+    second = threading.Thread(target=lambda: results.setdefault(2, cache.get("b", lambda: 1 / 0)))
+    second.start()
+    first.join(5)
+    second.join(5)
+    assert not first.is_alive() and not second.is_alive()
+    assert results[1].sum() == results[2].sum() == 60
+    assert cache.stats().loads == 2 and cache.stats().cached_bytes == 60  # "a" went whole

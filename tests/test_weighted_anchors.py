@@ -116,6 +116,8 @@ def test_weights_can_come_in_any_dim_order_and_a_dataset_is_patched_too():
         (xr.DataArray(np.zeros((10, 10)), dims=("y", "x")), "every weight is 0"),
         (xr.DataArray(-np.ones((10, 10)), dims=("y", "x")), "negative or not finite"),
         (xr.DataArray(np.full((10, 10), np.nan), dims=("y", "x")), "negative or not finite"),
+        (xr.DataArray(np.full((10, 10), 1e308), dims=("y", "x")), "sum to more than float64"),
+        (xr.DataArray(np.ones((10, 10)) * (1 - 1j), dims=("y", "x")), "must be real"),
     ],
 )
 def test_bad_weight_maps_are_refused_with_the_fix(weights, message):

@@ -317,7 +317,9 @@ class PatchSource:
         It covers the patched dims, size, stride, boundary, window,
         ``pad_value`` and ``pad_mode``; the sampler's kind and its anchors in order (``min_valid``
         acts through them); the variables served (names, dims, shapes, dtypes);
-        ``transform=True``; and each variable's data token: the graph's name for
+        ``transform=True``; whether :meth:`chunk_shuffle` serves straddling patches
+        with their last chunk (:meth:`shuffle_groups`, which ``cache_bytes`` decides);
+        and each variable's data token: the graph's name for
         dask data (xarray derives it from the file's path and modification time), a
         hash of the values for data in memory, path and modification time for a file
         opened without dask chunks. The same construction gives the same fingerprint
@@ -349,12 +351,16 @@ class PatchSource:
             unread = [v for v in self._plans if not (v.lazy or getattr(v.var, "_in_memory", 1))]
             # The pad mode only when not the default: older fingerprints stay valid.
             padding = () if self._pad_mode == "constant" else (self._pad_mode,)
+            # Whether straddling patches come with their last chunk changes the
+            # chunk-shuffled order; only then is it named, so other fingerprints stay.
+            grouping = ("straddlers last",) if self._reader.frames_fit() else ()
             self._fingerprint = tokenize(
                 ("xpatch.PatchSource v1", type(p.obj).__name__, p.dims, g.shape, g.size),
                 (g.stride, g.boundary, type(p.sampler).__qualname__, self._anchors),
                 (p.blend_window.values, variables, self._transforms),
                 p.obj.encoding.get("source") if unread else None,
                 *padding,
+                *grouping,
             )[:16]
         return self._fingerprint
 

@@ -164,31 +164,48 @@ def run_in_waves(
     bar = _BlockProgress(sum(map(len, waves))) if progress else contextlib.nullcontext()
     written = 0
     carried: dict = {}  # overhang key -> its pieces, standing in the graph
+    values: list = []
+    culled: dict = {}
     with bar:
-        for number, keys in enumerate(waves):
-            keep = [k for k, start in first.items() if start == number and last_read[k] > number]
-            culled, _ = cull(graph, keys + keep)
-            if client is None:
-                values = scheduler(culled, keys + keep)
-            else:  # the overhangs stay on the workers, as futures the next graphs name
-                values = client.get(culled, keys + keep, sync=False)
-                values[: len(keys)] = client.gather(values[: len(keys)])
-                if progress:  # no local callback sees the cluster's tasks
-                    bar.done += len(keys)
-                    bar._draw()
-            written += sum(values[: len(keys)])
-            carried.update(zip(keep, values[len(keys) :]))
-            del values
-            for key in list(carried):
-                if last_read[key] <= number:
-                    del carried[key], graph[key]  # its last reader has run
-                    continue
+        try:
+            for number, keys in enumerate(waves):
+                keep = [
+                    k for k, start in first.items() if start == number and last_read[k] > number
+                ]
+                culled, _ = cull(graph, keys + keep)
                 if client is None:
-                    carried[key] = _unread_pieces(key, carried[key], last_read, number)
-                    graph[key] = (functools.partial(_constant, carried[key]),)
-                else:
-                    graph[key] = carried[key]
-            _trim_memory()
+                    values = list(scheduler(culled, keys + keep))
+                else:  # the overhangs stay on the workers, as futures the next graphs name
+                    values = list(client.get(culled, keys + keep, sync=False))
+                    values[: len(keys)] = client.gather(values[: len(keys)])
+                    if progress:  # no local callback sees the cluster's tasks
+                        bar.done += len(keys)
+                        bar._draw()
+                written += sum(values[: len(keys)])
+                carried.update(zip(keep, values[len(keys) :]))
+                values = []
+                for key in list(carried):
+                    if last_read[key] <= number:
+                        del carried[key], graph[key]  # its last reader has run
+                        continue
+                    if client is None:
+                        carried[key] = _unread_pieces(key, carried[key], last_read, number)
+                        graph[key] = (functools.partial(_constant, carried[key]),)
+                    else:
+                        graph[key] = carried[key]
+                _trim_memory()
+        except BaseException:
+            # A failed wave must not leave results on the cluster (futures that the
+            # traceback's frames would pin for the client's life), nor hold them here.
+            if client is not None:
+                from distributed import Future
+
+                for future in (*values, *carried.values()):
+                    if isinstance(future, Future):
+                        future.release()  # as its deletion would; cancel() races the graph
+            for held in (carried, graph, values, culled):
+                held.clear()
+            raise
     return written
 
 

@@ -128,9 +128,11 @@ def aligned_weights(
                     f"WeightedAnchors: the weights' {d!r} coordinate differs from the array's; "
                     "build the weight map on the array's grid (e.g. weights.reindex_like(obj))."
                 )
-    if not (np.issubdtype(weights.dtype, np.number) or weights.dtype == bool):
+    real = np.issubdtype(weights.dtype, np.integer) or np.issubdtype(weights.dtype, np.floating)
+    if not (real or weights.dtype == bool):
         raise OptionError(
-            f"WeightedAnchors: the weights have dtype {weights.dtype}; they must be numbers."
+            f"WeightedAnchors: the weights have dtype {weights.dtype}; they must be real "
+            "numbers (int, float or bool)."
         )
     return weights.transpose(*dims)
 
@@ -191,7 +193,7 @@ def balanced_weights(labels: xr.DataArray, classes: Sequence[Any] | None = None)
     else:
         found, counts = np.unique(labels.values, return_counts=True)
     present = dict(zip(found.tolist(), counts.tolist()))
-    chosen = list(present) if classes is None else list(classes)
+    chosen = list(present) if classes is None else list(dict.fromkeys(classes))
     absent = [c for c in chosen if c not in present]
     if absent or not chosen:
         raise OptionError(

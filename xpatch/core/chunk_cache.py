@@ -31,9 +31,6 @@ from xpatch.core.plan import chunk_starts
 #: Default byte limit of a chunk cache (per process).
 DEFAULT_CACHE_BYTES = 512 * 2**20
 
-#: Frames may fill at most this share of a cache; past it, the oldest entry goes.
-FRAMES_SHARE_OF_CACHE = 0.75
-
 
 @dataclass(frozen=True)
 class FrameKey:
@@ -88,8 +85,8 @@ class ChunkCache:
     wait for that load. A chunk larger than the limit is returned but not kept.
 
     With a ``shrink`` function, an evicted chunk is replaced by ``shrink(key,
-    value)`` (its frame) unless that is None, and chunks are evicted before
-    frames while frames hold at most :data:`FRAMES_SHARE_OF_CACHE` of the limit.
+    value)`` (its frame) unless that is None, and every other chunk is evicted
+    before a frame is: use it when the frames fit in the limit besides a chunk.
     :meth:`get_or_frame` serves a request from a frame when it can.
 
     Parameters
@@ -116,7 +113,6 @@ class ChunkCache:
     ) -> None:
         self.max_bytes = int(max_bytes)
         self.shrink = shrink
-        self._frame_bytes = 0
         self._lock = threading.Lock()
         self._entries: OrderedDict[Hashable, tuple[object, int]] = OrderedDict()
         self._pending: dict[Hashable, _Pending] = {}
@@ -159,11 +155,13 @@ class ChunkCache:
             pending.error = error
             raise
         finally:
-            with self._lock:
-                del self._pending[key]
-                if pending.error is None:
-                    self._store(key, pending.value)
-            pending.done.set()
+            try:
+                with self._lock:
+                    del self._pending[key]
+                    if pending.error is None:
+                        self._store(key, pending.value)
+            finally:  # waiters must wake whatever happens above
+                pending.done.set()
         return value
 
     def get_or_frame(
@@ -200,9 +198,7 @@ class ChunkCache:
         self._bytes += size
         while self._bytes > self.max_bytes:
             victim = next(k for k in self._entries if k != key)
-            if self.shrink is not None and self._frame_bytes <= FRAMES_SHARE_OF_CACHE * (
-                self.max_bytes
-            ):
+            if self.shrink is not None:
                 # Chunks first: a frame costs a fraction of one and serves its neighbours.
                 victim = next(
                     (k for k in self._entries if k != key and not isinstance(k, FrameKey)),
@@ -210,19 +206,20 @@ class ChunkCache:
                 )
             evicted = self._drop(victim)
             self._evictions += 1
-            frame = None
-            if self.shrink is not None and not isinstance(victim, FrameKey):
+            if self.shrink is None or isinstance(victim, FrameKey):
+                continue
+            try:
                 frame = self.shrink(victim, evicted)
+            except Exception:  # a frame only spares a later read: go on without it
+                frame = None
             if frame is not None:
-                self._entries[FrameKey(victim)] = (frame, _nbytes(frame))
-                self._bytes += self._entries[FrameKey(victim)][1]
-                self._frame_bytes += self._entries[FrameKey(victim)][1]
+                frame_size = _nbytes(frame)
+                self._entries[FrameKey(victim)] = (frame, frame_size)
+                self._bytes += frame_size
 
     def _drop(self, key: Hashable) -> object:
         value, size = self._entries.pop(key)
         self._bytes -= size
-        if isinstance(key, FrameKey):
-            self._frame_bytes -= size
         return value
 
     def stats(self) -> CacheStats:
@@ -234,7 +231,7 @@ class ChunkCache:
         """Drop every chunk and reset the counters."""
         with self._lock:
             self._entries.clear()
-            self._bytes = self._frame_bytes = 0
+            self._bytes = 0
             self._loads = self._hits = self._evictions = 0
 
 

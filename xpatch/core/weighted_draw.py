@@ -62,6 +62,11 @@ def weighted_cells(
         if mass == 0.0:
             continue
         total += mass
+        if not np.isfinite(total):
+            raise OptionError(
+                "WeightedAnchors: the weights sum to more than float64 holds; scale them "
+                "down first, e.g. weights / weights.max()."
+            )
         taken = rng.random(count) < mass / total
         drawn = int(taken.sum())
         if drawn:
