@@ -58,7 +58,8 @@ def weighted_cells(
                 f"{weights[bad].ravel()[0]}); weights must be finite and >= 0, e.g. "
                 "weights.fillna(0).clip(min=0)."
             )
-        mass = float(weights.sum())
+        with np.errstate(over="ignore"):  # an overflow is refused just below
+            mass = float(weights.sum())
         if mass == 0.0:
             continue
         total += mass
