@@ -66,8 +66,9 @@ class PatchReader:
         self.pad_mode = pad_mode
         self.window = window
         self.cache_bytes = int(cache_bytes)
-        self.frames: FrameLayout | None = None
+        self.frames: FrameLayout | None = None  # set when frames are kept
         self._anchors = anchors
+        self._layout: FrameLayout | None = None
         self.cache = ChunkCache(self.cache_bytes)
         # Most patches lie inside one chunk and inside the array: they take a
         # short path (one cache lookup, one slice copy) found here for all at once.
@@ -98,7 +99,7 @@ class PatchReader:
         """
         if self.grid is None:
             return False
-        layout = FrameLayout.measure(self.grid, self._anchors, self.size)
+        layout = self._frame_layout()
         if not layout.any() or layout.largest_share(self.grid) >= FRAME_SHARE_OF_CHUNK:
             return False
         cell_bytes = 0
@@ -114,8 +115,14 @@ class PatchReader:
         """Keep the frames of evicted chunks from now on (a chunk shuffle asks for it)."""
         if self.grid is None or self.frames is not None:
             return
-        self.frames = FrameLayout.measure(self.grid, self._anchors, self.size)
+        self.frames = self._frame_layout()
         self.cache.shrink = self._shrink
+
+    def _frame_layout(self) -> FrameLayout:
+        # Measured once: the fingerprint and every epoch's order ask whether frames fit.
+        if self._layout is None:
+            self._layout = FrameLayout.measure(self.grid, self._anchors, self.size)
+        return self._layout
 
     # -- one patch ----------------------------------------------------------------------
 
@@ -200,22 +207,17 @@ class PatchReader:
             out = np.empty(plan.patch_shape, plan.dtype)
             read = lambda box: self._read_box(plan, anchor, box)  # noqa: E731
             return fill_padded(out, plan.axes, local, plan.extents, self.pad_mode, read)
-        if plan.lazy:
-            parts = [
-                (tuple(region[j] for j in plan.columns), values[plan.name])
-                for region, values in pieces
-            ]
-            out = (
-                np.empty(plan.patch_shape, plan.dtype)
-                if inside
-                else np.full(plan.patch_shape, plan.pad_value, plan.dtype)
-            )
-            return assemble_patch(out, plan.axes, local, parts)
         out = (
             np.empty(plan.patch_shape, plan.dtype)
             if inside
             else np.full(plan.patch_shape, plan.pad_value, plan.dtype)
         )
+        if plan.lazy:
+            parts = [
+                (tuple(region[j] for j in plan.columns), values[plan.name])
+                for region, values in pieces
+            ]
+            return assemble_patch(out, plan.axes, local, parts)
         window = variable_index(
             plan, [slice(a, a + s) for a, s in zip(anchor, self.size)], clip=True
         )

@@ -58,15 +58,13 @@ class FrameLayout:
     def measure(cls, grid: ChunkGrid, anchors: np.ndarray, size: Sequence[int]) -> FrameLayout:
         """Measure the depths from the anchors of a plan on ``grid``."""
         low, high = [], []
-        for j, starts in enumerate(grid.starts):
+        firsts, lasts = grid.spans(anchors, size)
+        for j, (starts, first, last) in enumerate(zip(grid.starts, firsts, lasts)):
             s = np.asarray(starts, dtype=np.int64)
-            blocks = len(s) - 1
-            lo = np.zeros(blocks, dtype=np.int64)
-            hi = np.zeros(blocks, dtype=np.int64)
+            lo = np.zeros(len(s) - 1, dtype=np.int64)
+            hi = np.zeros(len(s) - 1, dtype=np.int64)
             a = np.asarray(anchors[:, j], dtype=np.int64) if len(anchors) else np.zeros(0, int)
             stop = np.minimum(a + int(size[j]), s[-1])
-            first = np.clip(np.searchsorted(s, a, side="right") - 1, 0, blocks - 1)
-            last = np.clip(np.searchsorted(s, stop, side="left") - 1, 0, blocks - 1)
             cross = last > first
             # The block after the first and the first: the two a patch straddles.
             after, then = first[cross] + 1, np.minimum(stop[cross], s[first[cross] + 2])

@@ -170,6 +170,26 @@ class ChunkGrid:
         ]
         return np.ravel_multi_index(per_axis, self.numblocks).astype(np.int64)
 
+    def spans(
+        self, anchors: np.ndarray, size: Sequence[int]
+    ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """Per axis, the first and the last block each patch overlaps (vectorised ``touched``).
+
+        Examples
+        --------
+        >>> first, last = ChunkGrid.from_chunks([(4, 4)]).spans(np.array([[0], [2]]), [4])
+        >>> first[0].tolist(), last[0].tolist()
+        ([0, 0], [0, 1])
+        """
+        firsts, lasts = [], []
+        for j, s in enumerate(self.starts):
+            a = np.asarray(anchors[:, j], dtype=np.int64) if len(anchors) else np.zeros(0, int)
+            stop = np.minimum(a + int(size[j]), s[-1])
+            blocks = len(s) - 2
+            firsts.append(np.clip(np.searchsorted(s, a, side="right") - 1, 0, blocks))
+            lasts.append(np.clip(np.searchsorted(s, stop, side="left") - 1, 0, blocks))
+        return firsts, lasts
+
     def touched_ids(self, anchors: np.ndarray, size: Sequence[int]) -> np.ndarray:
         """``(n, m)`` flat (C-order) indices of the chunks each patch overlaps, -1 padded.
 
@@ -180,12 +200,7 @@ class ChunkGrid:
         [[0, -1], [0, 1], [1, -1]]
         """
         n = len(anchors)
-        firsts, lasts = [], []
-        for j, s in enumerate(self.starts):
-            a = np.asarray(anchors[:, j], dtype=np.int64) if n else np.zeros(0, np.int64)
-            stop = np.minimum(a + int(size[j]), s[-1])
-            firsts.append(np.searchsorted(s, a, side="right") - 1)
-            lasts.append(np.searchsorted(s, stop, side="left") - 1)
+        firsts, lasts = self.spans(anchors, size)
         spans = [int((b - a).max()) + 1 if n else 1 for a, b in zip(firsts, lasts)]
         columns = []
         for offsets in itertools.product(*(range(m) for m in spans)):
