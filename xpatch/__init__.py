@@ -30,6 +30,7 @@ from xpatch.core.samplers import Anchors, AtLabels, JitteredGrid, RandomAnchors,
 from xpatch.geo import AtPoints, InBounds
 from xpatch.io import write
 from xpatch.patcher import Patcher, patch
+from xpatch.scenes import ScenePatcher, patch_scenes
 from xpatch.version import VERSION as __version__
 from xpatch.weighted_anchors import WeightedAnchors, balanced_weights
 
@@ -50,11 +51,13 @@ __all__ = [
     "PredictionError",
     "RandomAnchors",
     "RegularGrid",
+    "ScenePatcher",
     "UncoveredCellsWarning",
     "WeightedAnchors",
     "XPatchError",
     "__version__",
     "balanced_weights",
     "patch",
+    "patch_scenes",
     "write",
 ]

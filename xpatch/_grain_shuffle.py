@@ -20,7 +20,11 @@ import grain
 import numpy as np
 
 from xpatch.core.errors import OptionError
-from xpatch.core.shuffle import check_seed, chunk_local_permutation
+from xpatch.core.shuffle import (
+    check_count,
+    check_seed,
+    worker_permutation,
+)
 
 if TYPE_CHECKING:
     from xpatch.grain import PatchSource
@@ -37,9 +41,16 @@ LAYOUT_CHARS = 400
 
 
 def chunk_shuffle(
-    source: PatchSource, dataset: Any, seed: int, shard_options: Any
+    source: PatchSource,
+    dataset: Any,
+    seed: int,
+    shard_options: Any,
+    worker_count: int = 1,
+    batch_size: int = 1,
 ) -> ChunkShuffleMapDataset:
-    """Build ``source.chunk_shuffle(dataset, seed=..., shard_options=...)`` (see there)."""
+    """Build ``source.chunk_shuffle(dataset, seed=..., ...)`` (see there)."""
+    worker_count = check_count("worker_count", worker_count)
+    batch_size = check_count("batch_size", batch_size)
     if dataset is None:
         dataset = grain.MapDataset.source(source)
     groups = source.chunk_of_patch()
@@ -57,7 +68,14 @@ def chunk_shuffle(
         # the caller's order, and a run of it could span every chunk.
         start, stop = shard_range(len(groups), shard_options)
         members = np.argsort(groups, kind="stable")[start:stop]
-    return ChunkShuffleMapDataset(dataset, groups=visits, seed=seed, members=members, source=source)
+    return ChunkShuffleMapDataset(
+        dataset,
+        groups=visits,
+        seed=seed,
+        members=members,
+        source=source,
+        dealt=(worker_count, batch_size),
+    )
 
 
 def shard_range(count: int, shard_options: Any) -> tuple[int, int]:
@@ -108,6 +126,10 @@ class ChunkShuffleMapDataset(grain.MapDataset):
         The parent's elements to serve (a shard); default all of them.
     source
         The :class:`~xpatch.grain.PatchSource` whose patches ``parent`` serves.
+    dealt
+        ``(worker_count, batch_size)``: each epoch's order is dealt to
+        ``mp_prefetch`` workers that take every ``worker_count``-th batch of
+        ``batch_size`` (:func:`~xpatch.core.shuffle.worker_permutation`).
     """
 
     _MUTATES_ELEMENT_SPEC = False
@@ -120,8 +142,10 @@ class ChunkShuffleMapDataset(grain.MapDataset):
         seed: int,
         members: np.ndarray | None = None,
         source: PatchSource | None = None,
+        dealt: tuple[int, int] = (1, 1),
     ) -> None:
         super().__init__(parent)
+        self._dealt = dealt
         self._seed = check_seed(seed)
         self._members = np.arange(len(parent)) if members is None else np.asarray(members)
         self._groups = np.asarray(groups)[self._members]
@@ -160,7 +184,7 @@ class ChunkShuffleMapDataset(grain.MapDataset):
             cached = self._permutations.get(epoch)
         if cached is not None:
             return cached
-        order = chunk_local_permutation(self._groups, self._seed, epoch)
+        order = worker_permutation(self._groups, self._seed, epoch, *self._dealt)
         with self._lock:
             # Two epochs are live at a boundary when prefetching runs ahead.
             if len(self._permutations) >= 2:

@@ -2,7 +2,7 @@
 
 ``xpatch apply INPUT OUTPUT --fn module:function ...`` runs sliding-window
 inference out of core: it opens a GeoTIFF, zarr store or netCDF file lazily
-(:func:`open_input`), imports the batch function (:func:`load_function`), runs it
+(:func:`xpatch.inputs.open_input`), imports the batch function (:func:`load_function`), runs it
 over overlapping patches in batches, blends the results with weighted
 overlap-add and streams them to a tiled GeoTIFF or a zarr store with
 :func:`xpatch.write` (:func:`run_apply`). :func:`add_apply_command` declares its
@@ -31,9 +31,7 @@ from xpatch.bands import stack_bands
 from xpatch.cli_common import format_sizes, positive_int, usage_error
 from xpatch.core.errors import OptionError, XPatchError
 from xpatch.geo import geotiff_layout
-
-#: Suffixes of the GeoTIFF files ``xpatch apply`` reads and writes.
-GEOTIFF_SUFFIXES = (".tif", ".tiff")
+from xpatch.inputs import GEOTIFF_SUFFIXES, open_input
 
 
 def add_apply_command(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -182,80 +180,6 @@ def load_function(spec: str) -> Callable[[np.ndarray], np.ndarray]:
     if not callable(fn):
         raise OptionError(f"--fn {spec!r}: {module_name!r} has no function {attribute!r}.")
     return fn
-
-
-def open_input(path: str | Path, variable: str | None = None, chunks: int = 1024) -> xr.DataArray:
-    """Open a GeoTIFF, zarr store or netCDF file lazily as one DataArray.
-
-    GeoTIFFs need the ``geo`` extra (rioxarray) and are read in ``chunks`` x
-    ``chunks`` blocks with all bands. A file holding several variables needs
-    ``variable``.
-
-    Raises
-    ------
-    OptionError
-        If the input does not exist, is an empty (0-byte) file, cannot be opened
-        (damaged, truncated, or not of the format its name says), or holds
-        several variables and ``variable`` does not pick one of them.
-    """
-    path = Path(path)
-    suffix = path.suffix.lower()
-    if not path.exists():
-        raise OptionError(f"INPUT {str(path)!r} does not exist.")
-    if path.is_file() and path.stat().st_size == 0:
-        raise OptionError(
-            f"INPUT {str(path)!r} is an empty file (0 bytes), as an interrupted copy or "
-            "download leaves; copy or re-create it."
-        )
-    if suffix in GEOTIFF_SUFFIXES:
-        try:
-            import rasterio.errors
-            import rioxarray
-        except ImportError:
-            raise OptionError(
-                "reading GeoTIFF needs rioxarray: pip install 'xarray-patch[geo]'."
-            ) from None
-        with _readable(path, "a GeoTIFF", rasterio.errors.RasterioError):
-            opened = rioxarray.open_rasterio(path, chunks={"band": -1, "y": chunks, "x": chunks})
-        if isinstance(opened, list):  # pragma: no cover - multi-subdataset files
-            raise OptionError(f"INPUT {str(path)!r} holds several subdatasets; convert it first.")
-        return opened
-    if suffix == ".zarr" or (path / "zarr.json").exists() or (path / ".zgroup").exists():
-        with _readable(path, "a zarr store"):
-            dataset = xr.open_zarr(path)
-    elif suffix in (".nc", ".nc4", ".netcdf", ".h5"):
-        with _readable(path, "netCDF"):
-            dataset = xr.open_dataset(path, chunks={})
-    else:
-        raise OptionError(f"INPUT {str(path)!r}: unknown format; give a .tif, .zarr or .nc file.")
-    if isinstance(dataset, xr.DataArray):  # pragma: no cover - defensive
-        return dataset
-    names = list(dataset.data_vars)
-    if variable is None:
-        if len(names) != 1:
-            raise OptionError(
-                f"INPUT {str(path)!r} holds variables {names}; pick one with --variable."
-            )
-        variable = names[0]
-    if variable not in names:
-        raise OptionError(f"--variable {variable!r} is not in {str(path)!r}; it holds {names}.")
-    return dataset[variable]
-
-
-@contextlib.contextmanager
-def _readable(path: Path, kind: str, *errors: type[Exception]) -> Iterator[None]:
-    """Turn the errors of opening ``path`` into an :class:`OptionError` naming it and the fix."""
-    try:
-        yield
-    except XPatchError:
-        raise
-    except (OSError, ValueError, KeyError, TypeError, *errors) as error:
-        first_line = (str(error).splitlines() or [""])[0]
-        raise OptionError(
-            f"INPUT {str(path)!r} cannot be opened as {kind} ({type(error).__name__}: "
-            f"{first_line}). "
-            "It is damaged, incomplete or of another format: copy or re-create it."
-        ) from None
 
 
 def _output_dims(text: str | None) -> dict[str, int] | dict[str, dict[str, int]] | None:

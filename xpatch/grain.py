@@ -252,6 +252,23 @@ class PatchSource:
         return self._patcher
 
     @property
+    def reader(self) -> PatchReader:
+        """How patches are read: chunk grid, cache and frames (one per process)."""
+        return self._reader
+
+    def item_spec(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+        """Shape and dtype of each data entry of an item, by key.
+
+        Examples
+        --------
+        >>> import numpy as np, xarray as xr, xpatch
+        >>> da_ = xr.DataArray(np.zeros((3, 64, 64), "uint16"), dims=("band", "y", "x"))
+        >>> da_.patch(y=32, x=32).to_grain().item_spec()
+        {'data': ((3, 32, 32), dtype('uint16'))}
+        """
+        return {str(plan.name): (tuple(plan.patch_shape), plan.dtype) for plan in self._plans}
+
+    @property
     def variables(self) -> tuple[str, ...]:
         """The data keys of an item: ``("data",)`` or the Dataset's variables."""
         return tuple(str(plan.name) for plan in self._plans)
@@ -385,7 +402,15 @@ class PatchSource:
         """
         return chunk_local_permutation(self.shuffle_groups(), seed, epoch)
 
-    def chunk_shuffle(self, dataset: Any = None, *, seed: int, shard_options: Any = None) -> Any:
+    def chunk_shuffle(
+        self,
+        dataset: Any = None,
+        *,
+        seed: int,
+        shard_options: Any = None,
+        worker_count: int = 1,
+        batch_size: int = 1,
+    ) -> Any:
         """Shuffle chunk by chunk: chunks in a random order, their patches in a random order.
 
         Every epoch (every pass of ``len(self)`` indices, as after ``.repeat()``)
@@ -413,6 +438,13 @@ class PatchSource:
             patches, a contiguous run of them in chunk order (split as Grain's
             ``IndexSampler`` splits its index), so shards do not overlap and share
             at most the chunks at their borders.
+        worker_count, batch_size
+            With ``.batch(batch_size)`` and ``mp_prefetch`` of ``worker_count``
+            workers after the shuffle, give both: Grain hands worker ``w`` every
+            ``worker_count``-th batch, so each epoch is dealt to the workers as
+            contiguous runs of the chunk order, and each worker reads only its
+            own chunks (in its own cache) instead of every chunk. The patches
+            and their mix per epoch are unchanged.
 
         Returns
         -------
@@ -431,7 +463,7 @@ class PatchSource:
         require_grain()
         from xpatch._grain_shuffle import chunk_shuffle
 
-        return chunk_shuffle(self, dataset, seed, shard_options)
+        return chunk_shuffle(self, dataset, seed, shard_options, worker_count, batch_size)
 
     def with_fingerprint(self, dataset: Any) -> Any:
         """Put this source's :attr:`fingerprint` in the state of ``dataset``'s iterators.

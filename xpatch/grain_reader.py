@@ -70,6 +70,8 @@ class PatchReader:
         self._anchors = anchors
         self._layout: FrameLayout | None = None
         self.cache = ChunkCache(self.cache_bytes)
+        #: Cache keys are ``(prefix, block)`` under a prefix (a cache shared by scenes).
+        self.prefix: int | None = None
         # Most patches lie inside one chunk and inside the array: they take a
         # short path (one cache lookup, one slice copy) found here for all at once.
         self._alone = np.full(len(anchors), -1, dtype=np.int64)
@@ -88,7 +90,18 @@ class PatchReader:
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
-        self.cache = ChunkCache(self.cache_bytes, self._shrink if self.frames else None)
+        self.cache = ChunkCache(self.cache_bytes, self.frame_of if self.frames else None)
+
+    def share_cache(self, cache: ChunkCache, prefix: int) -> None:
+        """Read through ``cache``, shared with other readers, under keys ``(prefix, block)``.
+
+        The owner of a shared cache sets its ``shrink`` (see :meth:`frame_of`).
+        """
+        self.cache = cache
+        self.prefix = int(prefix)
+
+    def _key(self, block: tuple[int, ...]) -> tuple:
+        return block if self.prefix is None else (self.prefix, block)
 
     def frames_fit(self) -> bool:
         """Whether patches cross chunk borders and every chunk's frame fits in the cache.
@@ -97,26 +110,39 @@ class PatchReader:
         no frame may come near its chunk's size: then a chunk-shuffled epoch reads
         each chunk once.
         """
+        costs = self.frame_costs()
+        return costs is not None and costs[0] > 0 and sum(costs) <= self.cache_bytes
+
+    def frame_costs(self) -> tuple[int, int] | None:
+        """``(bytes of every chunk's frame, bytes of the largest chunk)``, or None.
+
+        None when some frame comes near its chunk's size (frames would not pay);
+        ``(0, 0)`` for input without dask chunks, whose patches are read directly.
+        """
         if self.grid is None:
-            return False
+            return 0, 0
         layout = self._frame_layout()
-        if not layout.any() or layout.largest_share(self.grid) >= FRAME_SHARE_OF_CHUNK:
-            return False
+        if layout.any() and layout.largest_share(self.grid) >= FRAME_SHARE_OF_CHUNK:
+            return None
         cell_bytes = 0
         for plan in self.plans:
             if plan.lazy:
                 others = [n for ax, n in enumerate(plan.var.shape) if ax not in plan.axes]
                 cell_bytes += plan.dtype.itemsize * int(np.prod(others, dtype=np.int64))
         largest = int(np.prod([max(np.diff(s)) for s in self.grid.starts], dtype=np.int64))
-        needed = (layout.total_cells(self.grid) + largest) * cell_bytes
-        return needed <= self.cache_bytes
+        return layout.total_cells(self.grid) * cell_bytes, largest * cell_bytes
 
     def keep_frames(self) -> None:
-        """Keep the frames of evicted chunks from now on (a chunk shuffle asks for it)."""
+        """Keep the frames of evicted chunks from now on (a chunk shuffle asks for it).
+
+        A cache of its own then shrinks evicted chunks to their frames; a shared
+        cache's owner routes evictions to :meth:`frame_of` by prefix.
+        """
         if self.grid is None or self.frames is not None:
             return
         self.frames = self._frame_layout()
-        self.cache.shrink = self._shrink
+        if self.prefix is None:
+            self.cache.shrink = self.frame_of
 
     def _frame_layout(self) -> FrameLayout:
         # Measured once: the fingerprint and every epoch's order ask whether frames fit.
@@ -168,7 +194,7 @@ class PatchReader:
                 for a, s, r in zip(anchor, self.size, region)
             )
             whole, value = self.cache.get_or_frame(
-                block,
+                self._key(block),
                 lambda frame, box=box: covering_slab(frame, box),
                 lambda b=block: self._load(b),
             )
@@ -176,7 +202,7 @@ class PatchReader:
         return pieces
 
     def _chunk(self, block: tuple[int, ...]) -> dict[Hashable, np.ndarray]:
-        return self.cache.get(block, lambda: self._load(block))
+        return self.cache.get(self._key(block), lambda: self._load(block))
 
     def _load(self, block: tuple[int, ...]) -> dict[Hashable, np.ndarray]:
         region = self.grid.region(block)
@@ -190,7 +216,11 @@ class PatchReader:
                 loaded[plan.name] = value
         return loaded
 
-    def _shrink(self, block: tuple[int, ...], chunk: dict) -> list | None:
+    def frame_of(self, key: tuple, chunk: dict) -> list | None:
+        """Return the frame to keep of the evicted chunk under cache key ``key``, or None."""
+        if self.frames is None:
+            return None
+        block = key if self.prefix is None else key[1]
         slabs = self.frames.slabs(self.grid, block)
         if not slabs:
             return None

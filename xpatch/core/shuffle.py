@@ -56,3 +56,58 @@ def chunk_local_permutation(groups: np.ndarray, seed: int, epoch: int) -> np.nda
     ranks = np.full(groups.shape, -1, dtype=np.int64)
     ranks[groups >= 0] = rank[flat]
     return np.lexsort((rng.random(len(groups)), ranks.max(axis=1)))
+
+
+def check_count(name: str, value: object) -> int:
+    """Return ``value`` as an int >= 1, or raise an OptionError naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
+        raise OptionError(f"{name}={value!r} must be an int >= 1.")
+    return int(value)
+
+
+def worker_permutation(
+    groups: np.ndarray, seed: int, epoch: int, worker_count: int, batch_size: int
+) -> np.ndarray:
+    """Return a chunk-local permutation dealt to workers taking every ``worker_count``-th batch.
+
+    Grain's ``mp_prefetch`` gives worker ``w`` the batches ``w, w + W, w + 2W, ...``.
+    A chunk-local order dealt round robin would have every worker read every chunk
+    (and the neighbours its straddling patches reach into). Instead the elements
+    are cut, in chunk order, into ``worker_count`` runs of neighbouring chunks,
+    one per worker and as long as its share of the batches; each run gets its own
+    chunk-local order (:func:`chunk_local_permutation`), which fills its worker's
+    batches. Workers then share only the chunks at their runs' borders.
+
+    Parameters
+    ----------
+    groups
+        As for :func:`chunk_local_permutation`; with ``(n, m)`` labels the
+        first (the lowest chunk index) places an element in chunk order.
+    seed, epoch
+        Where the randomness comes from.
+    worker_count, batch_size
+        ``mp_prefetch``'s number of workers and the batch size before it.
+
+    Examples
+    --------
+    >>> groups = np.repeat(np.arange(4), 3)  # 4 chunks of 3 elements
+    >>> order = worker_permutation(groups, seed=0, epoch=0, worker_count=2, batch_size=3)
+    >>> sorted(order.tolist()) == list(range(12))
+    True
+    >>> chunks = groups[order].reshape(4, 3)  # batch b goes to worker b % 2
+    >>> sorted(set(chunks[0::2].ravel().tolist())), sorted(set(chunks[1::2].ravel().tolist()))
+    ([0, 1], [2, 3])
+    """
+    groups = np.asarray(groups)
+    if worker_count == 1:
+        return chunk_local_permutation(groups, seed, epoch)
+    worker = (np.arange(len(groups)) // batch_size) % worker_count
+    counts = np.bincount(worker, minlength=worker_count)
+    placed = groups if groups.ndim == 1 else groups[:, 0]
+    in_chunk_order = np.argsort(placed, kind="stable")
+    order = np.empty(len(groups), dtype=np.int64)
+    stops = np.cumsum(counts)
+    for w, (start, stop) in enumerate(zip(stops - counts, stops)):
+        run = in_chunk_order[start:stop]
+        order[worker == w] = run[chunk_local_permutation(groups[run], seed, epoch)]
+    return order

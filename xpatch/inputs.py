@@ -1,0 +1,93 @@
+"""Open input files lazily: a GeoTIFF, zarr store or netCDF file as one DataArray.
+
+:func:`open_input` is what ``xpatch apply`` and :func:`xpatch.patch_scenes` use
+for paths: it reads headers and metadata only, and its errors name the file and
+the fix.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import xarray as xr
+
+from xpatch.core.errors import OptionError, XPatchError
+
+#: Suffixes of the GeoTIFF files xpatch reads and writes.
+GEOTIFF_SUFFIXES = (".tif", ".tiff")
+
+
+def open_input(path: str | Path, variable: str | None = None, chunks: int = 1024) -> xr.DataArray:
+    """Open a GeoTIFF, zarr store or netCDF file lazily as one DataArray.
+
+    GeoTIFFs need the ``geo`` extra (rioxarray) and are read in ``chunks`` x
+    ``chunks`` blocks with all bands. A file holding several variables needs
+    ``variable``.
+
+    Raises
+    ------
+    OptionError
+        If the input does not exist, is an empty (0-byte) file, cannot be opened
+        (damaged, truncated, or not of the format its name says), or holds
+        several variables and ``variable`` does not pick one of them.
+    """
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if not path.exists():
+        raise OptionError(f"INPUT {str(path)!r} does not exist.")
+    if path.is_file() and path.stat().st_size == 0:
+        raise OptionError(
+            f"INPUT {str(path)!r} is an empty file (0 bytes), as an interrupted copy or "
+            "download leaves; copy or re-create it."
+        )
+    if suffix in GEOTIFF_SUFFIXES:
+        try:
+            import rasterio.errors
+            import rioxarray
+        except ImportError:
+            raise OptionError(
+                "reading GeoTIFF needs rioxarray: pip install 'xarray-patch[geo]'."
+            ) from None
+        with _readable(path, "a GeoTIFF", rasterio.errors.RasterioError):
+            opened = rioxarray.open_rasterio(path, chunks={"band": -1, "y": chunks, "x": chunks})
+        if isinstance(opened, list):  # pragma: no cover - multi-subdataset files
+            raise OptionError(f"INPUT {str(path)!r} holds several subdatasets; convert it first.")
+        return opened
+    if suffix == ".zarr" or (path / "zarr.json").exists() or (path / ".zgroup").exists():
+        with _readable(path, "a zarr store"):
+            dataset = xr.open_zarr(path)
+    elif suffix in (".nc", ".nc4", ".netcdf", ".h5"):
+        with _readable(path, "netCDF"):
+            dataset = xr.open_dataset(path, chunks={})
+    else:
+        raise OptionError(f"INPUT {str(path)!r}: unknown format; give a .tif, .zarr or .nc file.")
+    if isinstance(dataset, xr.DataArray):  # pragma: no cover - defensive
+        return dataset
+    names = list(dataset.data_vars)
+    if variable is None:
+        if len(names) != 1:
+            raise OptionError(
+                f"INPUT {str(path)!r} holds variables {names}; pick one with --variable."
+            )
+        variable = names[0]
+    if variable not in names:
+        raise OptionError(f"--variable {variable!r} is not in {str(path)!r}; it holds {names}.")
+    return dataset[variable]
+
+
+@contextlib.contextmanager
+def _readable(path: Path, kind: str, *errors: type[Exception]) -> Iterator[None]:
+    """Turn the errors of opening ``path`` into an :class:`OptionError` naming it and the fix."""
+    try:
+        yield
+    except XPatchError:
+        raise
+    except (OSError, ValueError, KeyError, TypeError, *errors) as error:
+        first_line = (str(error).splitlines() or [""])[0]
+        raise OptionError(
+            f"INPUT {str(path)!r} cannot be opened as {kind} ({type(error).__name__}: "
+            f"{first_line}). "
+            "It is damaged, incomplete or of another format: copy or re-create it."
+        ) from None

@@ -1,0 +1,349 @@
+"""Many scenes under one patch layout: :func:`patch_scenes` and :class:`ScenePatcher`.
+
+A training set or an inference run is rarely one array: it is a folder of scenes
+of different shapes, often in different CRSs. A :class:`ScenePatcher` lays the
+same patches (size, stride, window, boundary, sampler...) over each scene with
+an ordinary :class:`~xpatch.Patcher` and numbers all patches with one global
+index, scene after scene. It serves them to Grain through one source with one
+chunk cache (:meth:`ScenePatcher.to_grain`), and runs a model over every scene
+(:meth:`ScenePatcher.apply`, one lazy result per scene, which
+:func:`xpatch.write` writes to a folder).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import xarray as xr
+
+from xpatch.core.chunk_cache import DEFAULT_CACHE_BYTES
+from xpatch.core.errors import OptionError, PredictionError, XPatchError
+from xpatch.inputs import open_input
+from xpatch.patcher import Patcher
+
+if TYPE_CHECKING:
+    from xpatch.scene_source import SceneSource
+
+#: What a scene may be: an xarray object, or the path of a file to open lazily.
+Scene = xr.DataArray | xr.Dataset | str | os.PathLike
+
+
+def _paths(pattern: str) -> list[str]:
+    if glob.has_magic(pattern):
+        found = sorted(glob.glob(pattern))
+        if not found:
+            raise OptionError(f"scenes={pattern!r} matches no file; check the pattern.")
+        return found
+    return [pattern]
+
+
+def _named(scenes: Any) -> dict[str, Scene]:
+    """Scene names and scenes: a mapping's keys, file stems, or positions."""
+    if isinstance(scenes, str | os.PathLike):
+        scenes = _paths(os.fspath(scenes))
+    if isinstance(scenes, Mapping):
+        named = {str(k): v for k, v in scenes.items()}
+        if len(named) != len(scenes):
+            raise OptionError(
+                f"scenes has keys {list(scenes)!r} that are equal as text; name them uniquely."
+            )
+    elif isinstance(scenes, Iterable) and not isinstance(scenes, xr.DataArray | xr.Dataset):
+        items = list(scenes)
+        if all(isinstance(s, str | os.PathLike) for s in items):
+            stems = [Path(s).stem for s in items]
+            names = stems if len(set(stems)) == len(stems) else [str(i) for i in range(len(items))]
+        else:
+            names = [str(i) for i in range(len(items))]
+        named = dict(zip(names, items))
+    else:
+        raise OptionError(
+            f"scenes is a {type(scenes).__name__}; give a sequence (or a mapping name -> scene) "
+            "of DataArrays, Datasets or file paths, or a glob such as 'scenes/*.tif'."
+        )
+    if not named:
+        raise OptionError("scenes is empty; give at least one scene.")
+    return named
+
+
+class ScenePatcher:
+    """One patch layout over many scenes, with one global patch index.
+
+    Build it with :func:`patch_scenes`. Patch ``i`` is patch ``j`` of scene
+    ``k``, scenes in the order given and each scene's patches in its
+    :class:`~xpatch.Patcher`'s order; :meth:`locate` maps one to the other.
+
+    Examples
+    --------
+    >>> import numpy as np, xarray as xr, xpatch
+    >>> a = xr.DataArray(np.zeros((64, 64)), dims=("y", "x"))
+    >>> b = xr.DataArray(np.ones((32, 96)), dims=("y", "x"))
+    >>> sp = xpatch.patch_scenes({"a": a, "b": b}, y=32, x=32)
+    >>> len(sp), sp.scene_of(4), sp.locate(4)
+    (7, 'b', ('b', 0))
+    >>> sp.anchors().sel(patch=4).values.tolist(), sp.anchors().scene.values[4]
+    ([0, 0], np.str_('b'))
+    """
+
+    def __init__(self, patchers: Mapping[str, Patcher]) -> None:
+        dims = {name: p.dims for name, p in patchers.items()}
+        first = next(iter(dims.values()))
+        if any(set(d) != set(first) for d in dims.values()):
+            raise OptionError(f"scenes are patched along different dims: {dims!r}.")
+        self._patchers = dict(patchers)
+        self._names = tuple(self._patchers)
+        self._offsets = np.cumsum([0] + [len(p) for p in self._patchers.values()])
+
+    # -- information ----------------------------------------------------------------
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The scenes' names, in order: the mapping's keys, file stems, or ``"0"``, ``"1"``..."""
+        return self._names
+
+    @property
+    def patchers(self) -> dict[str, Patcher]:
+        """Each scene's :class:`~xpatch.Patcher`, by name (a copy of the mapping)."""
+        return dict(self._patchers)
+
+    @property
+    def offsets(self) -> np.ndarray:
+        """``(scenes + 1,)``: scene ``k``'s patches are ``offsets[k]:offsets[k + 1]``."""
+        return self._offsets.copy()
+
+    @property
+    def dims(self) -> tuple[Hashable, ...]:
+        """The patched dims (those of the first scene, in its order)."""
+        return self._patchers[self._names[0]].dims
+
+    def __len__(self) -> int:
+        return int(self._offsets[-1])
+
+    def __repr__(self) -> str:
+        first = self._patchers[self._names[0]]
+        size = ", ".join(f"{d}: {s}" for d, s in first.size.items())
+        return (
+            f"xpatch.ScenePatcher({len(self)} patches of ({size}) over {len(self._names)} "
+            f"scenes {list(self._names)[:5]}{'...' if len(self._names) > 5 else ''})"
+        )
+
+    def _position(self, index: Any) -> int:
+        if isinstance(index, bool) or not isinstance(index, int | np.integer):
+            raise TypeError(f"patch index {index!r} must be an int.")
+        n = len(self)
+        if not -n <= index < n:
+            raise IndexError(f"patch index {index} is out of range for {n} patches.")
+        return int(index) % n
+
+    def locate(self, index: int) -> tuple[str, int]:
+        """Return ``(scene name, index within the scene)`` of global patch ``index``."""
+        position = self._position(index)
+        k = int(np.searchsorted(self._offsets, position, side="right")) - 1
+        return self._names[k], position - int(self._offsets[k])
+
+    def scene_of(self, index: int) -> str:
+        """Return the name of the scene that holds global patch ``index``."""
+        return self.locate(index)[0]
+
+    # -- views ------------------------------------------------------------------------
+
+    def __getitem__(self, index: int) -> xr.DataArray | xr.Dataset:
+        """Patch ``index``, cut from its scene with the scene's coordinates and CRS."""
+        name, j = self.locate(index)
+        return self._patchers[name][j]
+
+    def _concat(self, per_scene: Sequence[xr.DataArray]) -> xr.DataArray:
+        joined = xr.concat(per_scene, dim="patch")
+        scene = np.repeat(np.array(self._names, dtype=object), np.diff(self._offsets))
+        local = np.concatenate([np.arange(n) for n in np.diff(self._offsets)])
+        return joined.assign_coords(
+            scene=("patch", scene.astype(str)), scene_patch=("patch", local)
+        )
+
+    def anchors(self) -> xr.DataArray:
+        """Every patch's start per patched dim, with ``scene`` and ``scene_patch`` coordinates.
+
+        Returns
+        -------
+        xarray.DataArray
+            int64, dims ``("patch", "dim")``; ``scene`` names the scene and
+            ``scene_patch`` is the patch's index within it.
+        """
+        return self._concat([self._patchers[n].anchors() for n in self._names])
+
+    def bounds(self) -> xr.DataArray:
+        """Every patch's ``(left, bottom, right, top)`` in its own scene's CRS, with ``scene``.
+
+        Scenes may be in different CRSs: compare bounds within a scene, or
+        reproject them (``sp.patchers[name].obj.rio.crs``) first.
+        """
+        return self._concat([self._patchers[n].bounds() for n in self._names])
+
+    # -- inference ----------------------------------------------------------------------
+
+    def apply(self, fn: Any, *args: Any, **kwargs: Any) -> dict[str, xr.DataArray | xr.Dataset]:
+        """Run ``fn`` over every scene's patches: ``{name: p.apply(fn, ...)}``, lazily.
+
+        The arguments are :meth:`xpatch.Patcher.apply`'s. :func:`xpatch.write`
+        of the returned mapping writes one output per scene into a folder.
+
+        Examples
+        --------
+        >>> import numpy as np, xarray as xr, xpatch
+        >>> scenes = [xr.DataArray(np.full((48, 64), float(k)), dims=("y", "x")) for k in (1, 2)]
+        >>> out = xpatch.patch_scenes(scenes, y=32, x=32, stride=16).apply(lambda b: b * 10)
+        >>> {name: float(r.mean()) for name, r in out.items()}
+        {'0': 10.0, '1': 20.0}
+        """
+        return {name: p.apply(fn, *args, **kwargs) for name, p in self._patchers.items()}
+
+    def reconstruct(self, predictions: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """Blend predictions back onto each scene: ``{name: p.reconstruct(...)}``.
+
+        Parameters
+        ----------
+        predictions
+            One DataArray/Dataset with a ``patch`` dim of ``len(sp)`` predictions
+            in global order (split at :attr:`offsets`), or a mapping scene name ->
+            that scene's predictions.
+        *args, **kwargs
+            :meth:`xpatch.Patcher.reconstruct`'s other arguments.
+        """
+        if isinstance(predictions, Mapping):
+            missing = [n for n in self._names if n not in predictions]
+            extra = [n for n in predictions if n not in self._patchers]
+            if missing or extra:
+                raise PredictionError(
+                    f"predictions lack scenes {missing} and name unknown scenes {extra}; give "
+                    f"one entry per scene of {list(self._names)}."
+                )
+            per_scene = {n: predictions[n] for n in self._names}
+        else:
+            count = getattr(predictions, "sizes", {}).get("patch")
+            if count != len(self):
+                raise PredictionError(
+                    f"predictions have {count} entries along 'patch'; this ScenePatcher has "
+                    f"{len(self)} patches (give one per patch, in global order, or a mapping "
+                    "scene name -> predictions)."
+                )
+            per_scene = {
+                n: predictions.isel(patch=slice(int(a), int(b)))
+                for n, a, b in zip(self._names, self._offsets[:-1], self._offsets[1:])
+            }
+        return {
+            n: self._patchers[n].reconstruct(per_scene[n], *args, **kwargs) for n in self._names
+        }
+
+    # -- training ---------------------------------------------------------------------
+
+    def to_grain(
+        self,
+        *,
+        variables: Sequence[Hashable] | None = None,
+        cache_bytes: int = DEFAULT_CACHE_BYTES,
+        transform: bool = False,
+        weights: bool = True,
+        dtype: Any = None,
+    ) -> SceneSource:
+        """One Grain ``RandomAccessDataSource`` over every scene, with one chunk cache.
+
+        See :class:`xpatch.scene_source.SceneSource`. Items carry ``"scene"``
+        (the scene's position in :attr:`names`) besides ``"anchor"`` (within the
+        scene) and ``"index"`` (global).
+
+        Examples
+        --------
+        >>> import numpy as np, xarray as xr, xpatch
+        >>> a = xr.DataArray(np.zeros((2, 64, 64), "float32"), dims=("band", "y", "x"))
+        >>> b = xr.DataArray(np.ones((2, 32, 64), "uint8"), dims=("band", "y", "x"))
+        >>> src = xpatch.patch_scenes([a.chunk(y=32), b], y=32, x=32).to_grain(dtype="float32")
+        >>> item = src[5]
+        >>> int(item["scene"]), int(item["index"]), item["data"].dtype, float(item["data"].max())
+        (1, 5, dtype('float32'), 1.0)
+        """
+        from xpatch.scene_source import SceneSource
+
+        return SceneSource(
+            self,
+            variables=variables,
+            cache_bytes=cache_bytes,
+            transform=transform,
+            weights=weights,
+            dtype=dtype,
+        )
+
+
+def patch_scenes(
+    scenes: Any,
+    size: Mapping[Hashable, int] | None = None,
+    stride: int | Mapping[Hashable, int] | None = None,
+    *,
+    sampler: Any = None,
+    chunks: int = 1024,
+    **options: Any,
+) -> ScenePatcher:
+    """Lay one patch layout over many scenes: a :class:`ScenePatcher`.
+
+    Parameters
+    ----------
+    scenes
+        A sequence of DataArrays, Datasets or file paths (GeoTIFF, zarr, netCDF:
+        opened lazily, headers only, with ``chunks``), a mapping name -> scene, or
+        a glob such as ``"scenes/*.tif"`` (sorted). Scenes may differ in shape
+        and CRS. Names: the mapping's keys; for paths their stems; else
+        ``"0"``, ``"1"``...
+    size, stride
+        The patch size and stride, as for :class:`~xpatch.Patcher` (also as
+        keyword arguments ``y=256, x=256``); the same for every scene.
+    sampler
+        One sampler for every scene (a ``RandomAnchors(count, seed)`` draws
+        ``count`` per scene), or a mapping scene name -> sampler (e.g. a
+        :class:`~xpatch.WeightedAnchors` per scene, over that scene's weight
+        map). Default: the regular grid.
+    chunks
+        Block size of files opened from paths (along y and x).
+    **options
+        :class:`~xpatch.Patcher`'s other options: ``window``, ``boundary``,
+        ``min_valid``, ``pad_value``, ``pad_mode``, and the size as ``y=...``.
+
+    Raises
+    ------
+    OptionError, DimensionError, GeometryError
+        As :class:`~xpatch.Patcher` raises them, with the scene's name in front.
+
+    Examples
+    --------
+    >>> import numpy as np, xarray as xr, xpatch
+    >>> scenes = {"a": xr.DataArray(np.zeros((64, 64)), dims=("y", "x")),
+    ...           "b": xr.DataArray(np.zeros((40, 40)), dims=("y", "x"))}
+    >>> sp = xpatch.patch_scenes(scenes, y=32, x=32, stride=16)
+    >>> len(sp), [len(p) for p in sp.patchers.values()]
+    (13, [9, 4])
+    """
+    named = _named(scenes)
+    if isinstance(sampler, Mapping):
+        missing = [n for n in named if n not in sampler]
+        extra = [str(n) for n in sampler if str(n) not in named]
+        if missing or extra:
+            raise OptionError(
+                f"sampler names scenes {list(map(str, sampler))}; it lacks {missing} and names "
+                f"unknown {extra}. Give one sampler per scene of {list(named)}, or one sampler "
+                "for all."
+            )
+        samplers = {str(k): v for k, v in sampler.items()}
+    else:
+        samplers = dict.fromkeys(named, sampler)
+    patchers = {}
+    for name, scene in named.items():
+        try:
+            obj = scene
+            if isinstance(scene, str | os.PathLike):
+                obj = open_input(scene, chunks=chunks)
+            patchers[name] = Patcher(obj, size, stride, sampler=samplers[name], **options)
+        except XPatchError as error:
+            raise type(error)(f"scene {name!r}: {error}") from None
+    return ScenePatcher(patchers)
