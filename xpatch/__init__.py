@@ -31,6 +31,7 @@ from xpatch.geo import AtPoints, InBounds
 from xpatch.io import write
 from xpatch.patcher import Patcher, patch
 from xpatch.scenes import ScenePatcher, patch_scenes
+from xpatch.tree import TreePatcher
 from xpatch.version import VERSION as __version__
 from xpatch.weighted_anchors import WeightedAnchors, balanced_weights
 
@@ -52,6 +53,7 @@ __all__ = [
     "RandomAnchors",
     "RegularGrid",
     "ScenePatcher",
+    "TreePatcher",
     "UncoveredCellsWarning",
     "WeightedAnchors",
     "XPatchError",
