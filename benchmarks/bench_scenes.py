@@ -21,7 +21,6 @@ import time
 from pathlib import Path
 
 import dask.array as dsa
-import grain
 import numpy as np
 import rioxarray  # noqa: F401  (registers .rio)
 import xarray as xr

@@ -56,3 +56,36 @@ def test_the_source_is_a_pytorch_map_style_dataset():
     result = load("torch_dataset").main(["--epochs", "2"])
     assert result["losses"][-1] < result["losses"][0]
     assert result["accuracy"] > 0.8
+
+
+def test_training_over_a_folder_of_scenes_resumes_exactly_and_writes_each_scene(tmp_path):
+    pytest.importorskip("grain")
+    pytest.importorskip("rioxarray")
+    example = load("train_scenes")
+    scenes = ["--folder", str(tmp_path / "scenes")]  # written by the first run, then reused
+    straight = example.main([*scenes, "--steps", "24", "--out", str(tmp_path / "a")])
+    checkpoint = str(tmp_path / "b.pkl")
+    first = example.main(
+        [*scenes, "--steps", "10", "--checkpoint", checkpoint, "--out", str(tmp_path / "b")]
+    )
+    resumed = example.main(
+        [
+            *scenes,
+            "--steps",
+            "24",
+            "--checkpoint",
+            checkpoint,
+            "--resume",
+            "--out",
+            str(tmp_path / "c"),
+        ]
+    )
+    assert first["losses"] + resumed["losses"] == pytest.approx(straight["losses"], rel=1e-6)
+    np.testing.assert_allclose(resumed["params"]["w"], straight["params"]["w"], rtol=1e-6)
+    assert straight["losses"][-1] < 0.5 * straight["losses"][0]
+    assert straight["accuracy"] > 0.95
+    assert sorted(p.name for p in (tmp_path / "a").iterdir() if p.suffix == ".zarr") == [
+        f"scene{k}.zarr" for k in range(4)
+    ]
+    # 24 batches of 8 patches: within one epoch each chunk is read about once.
+    assert straight["loads"] <= 24

@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import xpatch
+from tests.conftest import forbid_compute
 from xpatch.core.shuffle import worker_permutation
 
 grain = pytest.importorskip("grain")
@@ -271,3 +272,36 @@ def test_every_item_of_a_chunk_shuffled_epoch_is_the_scenes_own_patch(
     for i in order.tolist():
         name, local = sp.locate(i)
         np.testing.assert_array_equal(src[i]["data"], sp.patchers[name][local].values)
+
+
+def test_building_the_layout_the_source_and_the_results_computes_nothing():
+    rng = np.random.default_rng(2)
+    scenes = [
+        xr.DataArray(rng.random((2, h, 64)), dims=("band", "y", "x")).chunk({"y": 32, "x": 32})
+        for h in (64, 96)
+    ]
+    with forbid_compute() as refused:
+        sp = xpatch.patch_scenes(scenes, y=16, x=16, stride=12, window="hann")
+        src = sp.to_grain(cache_bytes=2**16)
+        src.fingerprint, src.shuffle_groups(), repr(src), repr(sp)
+        results = sp.apply(lambda b: b + 1)
+        back = sp.reconstruct(xr.concat([p.patches() for p in sp.patchers.values()], "patch"))
+    assert refused.computes == 0
+    assert src.cache_stats().loads == 0
+    for scene, result, rebuilt in zip(scenes, results.values(), back.values()):
+        np.testing.assert_allclose(result.values, scene.values + 1)
+        np.testing.assert_allclose(rebuilt.values, scene.values)
+
+
+def test_files_named_alike_need_names_and_a_variable_picks_from_a_store(tmp_path):
+    values = xr.DataArray(np.arange(32 * 32.0).reshape(32, 32), dims=("y", "x"))
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+        xr.Dataset({"v": values, "w": values * 2}).to_zarr(tmp_path / folder / "s.zarr")
+    paths = [str(tmp_path / f / "s.zarr") for f in ("a", "b")]
+    with pytest.raises(xpatch.OptionError, match=r"named \['s'\].*mapping"):
+        xpatch.patch_scenes(paths, y=16, x=16)
+    with pytest.raises(xpatch.OptionError, match="pick one with --variable"):
+        xpatch.patch_scenes({"a": paths[0]}, y=16, x=16)
+    sp = xpatch.patch_scenes({"a": paths[0], "b": paths[1]}, y=16, x=16, variable="w")
+    np.testing.assert_array_equal(sp[3].values, values.values[16:32, 16:32] * 2)

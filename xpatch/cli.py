@@ -8,8 +8,10 @@ inference out of core: it opens a GeoTIFF, zarr store or netCDF file lazily, run
 the function over overlapping patches in batches, blends the results with weighted
 overlap-add and streams them to a tiled GeoTIFF or a zarr store, block by block,
 with a progress bar; an interrupted run started again redoes only the blocks it
-had not written. Its options and implementation live in :mod:`xpatch.cli_apply`;
-what the commands share (argument types, usage errors) in :mod:`xpatch.cli_common`.
+had not written. Its options and implementation live in :mod:`xpatch.cli_apply`,
+and with a glob INPUT (``'scenes/*.tif'``: one output per match into the folder
+OUTPUT) in :mod:`xpatch.cli_scenes`; what the commands share (argument types,
+usage errors) in :mod:`xpatch.cli_common`.
 
 ``xpatch demo`` runs the whole story on a synthetic scene built in memory (no
 download): patch it, ``apply`` a small model with a Hann window, write the result
@@ -49,6 +51,7 @@ from xpatch.cli_apply import add_apply_command, run_apply
 from xpatch.cli_apply import load_function as load_function
 from xpatch.cli_apply import open_input as open_input
 from xpatch.cli_common import format_sizes, non_negative_int, positive_int, usage_error
+from xpatch.cli_scenes import is_scene_pattern, run_apply_scenes
 from xpatch.core.errors import XPatchError
 
 DemoWindow = Literal["boxcar", "hann", "triangular", "tukey"]
@@ -445,7 +448,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "apply":
-        return run_apply(args)
+        return run_apply_scenes(args) if is_scene_pattern(args.input) else run_apply(args)
     if args.stride > args.size:
         return usage_error(
             "demo",

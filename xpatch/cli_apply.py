@@ -20,7 +20,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -60,8 +60,13 @@ def add_apply_command(commands: argparse._SubParsersAction) -> argparse.Argument
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    apply.add_argument("input", help="GeoTIFF (.tif), zarr store (.zarr) or netCDF (.nc)")
-    apply.add_argument("output", help="*.tif or *.zarr")
+    apply.add_argument(
+        "input",
+        help="GeoTIFF (.tif), zarr store (.zarr) or netCDF (.nc); or a quoted glob such as "
+        "'scenes/*.tif': every match is a scene, written to OUTPUT/<stem>.tif (all GeoTIFF) "
+        "or OUTPUT/<stem>.zarr, and the whole folder resumes as one run",
+    )
+    apply.add_argument("output", help="*.tif or *.zarr; a folder for a glob INPUT")
     apply.add_argument(
         "--fn", required=True, help="the batch function: module:function or file.py:function"
     )
@@ -252,7 +257,7 @@ def run_apply(args: argparse.Namespace) -> int:
         named = result.rename(name)
     start = time.perf_counter()
     try:
-        with _sigterm_exits():
+        with sigterm_exits():
             blocks = xpatch.write(
                 named,
                 args.output,
@@ -278,7 +283,7 @@ def run_apply(args: argparse.Namespace) -> int:
 
 
 @contextlib.contextmanager
-def _sigterm_exits() -> Iterator[None]:
+def sigterm_exits() -> Iterator[None]:
     """Turn SIGTERM into ``SystemExit`` while writing, so the lock is released on the way out.
 
     A batch system's ``kill`` then leaves the output as Ctrl-C does: resumable by running
@@ -323,63 +328,86 @@ def _nodata(text: str) -> float | str | None:
         ) from None
 
 
-def _plan_apply(args: argparse.Namespace) -> tuple:
-    """Open the input and build the lazy result: ``(patcher, result, dims, stride)``."""
-    fn = load_function(args.fn)
-    data = open_input(args.input, args.variable, args.chunks)
+def open_patched_input(
+    path: str | Path, args: argparse.Namespace
+) -> tuple[xr.DataArray, list[Hashable]]:
+    """Open INPUT ``path`` lazily as ``xpatch apply`` patches it: ``(data, patched dims)``.
+
+    The dims are ``--dims``, else y and x, else the last two; ``data`` is chunked
+    ``--chunks`` along them and whole along the others.
+    """
+    data = open_input(path, args.variable, args.chunks)
     dims = args.dims.split(",") if args.dims else [d for d in ("y", "x") if d in data.dims]
     if not dims:
         dims = list(data.dims[-2:])
     missing = [d for d in dims if d not in data.dims]
     if missing:
-        raise OptionError(f"--dims {args.dims!r}: {missing} not in the input's dims {data.dims}.")
+        raise OptionError(
+            f"--dims {args.dims!r}: {missing} not in the input's dims {data.dims} ({str(path)!r})."
+        )
     empty = {d: data.sizes[d] for d in dims if data.sizes[d] == 0}
     if empty:
         raise OptionError(
-            f"INPUT {args.input!r} is empty along {list(empty)} ({format_sizes(data.sizes)}): "
+            f"INPUT {str(path)!r} is empty along {list(empty)} ({format_sizes(data.sizes)}): "
             "there is nothing to patch. Check the file (and --variable, --dims)."
         )
-    data = data.chunk({d: (args.chunks if d in dims else -1) for d in data.dims})
+    return data.chunk({d: (args.chunks if d in dims else -1) for d in data.dims}), dims
+
+
+def patch_options(args: argparse.Namespace) -> dict:
+    """Return the patch layout's options of ``xpatch apply`` (size and stride aside)."""
+    return {"window": args.window, "boundary": args.boundary, "pad_mode": args.pad_mode}
+
+
+def apply_options(args: argparse.Namespace) -> dict:
+    """Return ``Patcher.apply``'s keyword arguments from the options of ``xpatch apply``."""
+    return {
+        "batch_size": args.batch_size,
+        "pad_batch": args.pad_batch,
+        "output_dims": _output_dims(args.output_dims),
+        "dtype": args.dtype,
+        "reduce": args.reduce,
+        "nodata": args.nodata,
+        "out_dtype": args.out_dtype,
+        "scale": _scale(args.scale),
+    }
+
+
+def _plan_apply(args: argparse.Namespace) -> tuple:
+    """Open the input and build the lazy result: ``(patcher, result, dims, stride)``."""
+    fn = load_function(args.fn)
+    data, dims = open_patched_input(args.input, args)
     stride = args.stride if args.stride is not None else args.size
-    p = data.patch(
-        {d: args.size for d in dims},
-        stride,
-        window=args.window,
-        boundary=args.boundary,
-        pad_mode=args.pad_mode,
-    )
-    result = p.apply(
-        fn,
-        batch_size=args.batch_size,
-        pad_batch=args.pad_batch,
-        output_dims=_output_dims(args.output_dims),
-        dtype=args.dtype,
-        reduce=args.reduce,
-        nodata=args.nodata,
-        out_dtype=args.out_dtype,
-        scale=_scale(args.scale),
-    )
+    p = data.patch({d: args.size for d in dims}, stride, **patch_options(args))
+    result = p.apply(fn, **apply_options(args))
     if Path(args.output).suffix.lower() in GEOTIFF_SUFFIXES:
         if isinstance(result, xr.Dataset):  # several outputs: a band per output and class
             result = stack_bands(result)
-        result = _geotiff_result(result, args)
+        result = geotiff_result(result, args.output, args.input)
     return p, result, dims, stride
 
 
-def _geotiff_result(result: xr.DataArray, args: argparse.Namespace) -> xr.DataArray:
-    """Check that a GeoTIFF OUTPUT can hold ``result``; name its row and column dims y and x.
+def geotiff_result(result: xr.DataArray, output: str, source: str) -> xr.DataArray:
+    """Check that the GeoTIFF ``output`` can hold ``result``; name its row and column dims y, x.
 
     Reads metadata only, before anything is computed. rioxarray, which writes
     the file's transform, finds rows and columns by the names y and x: ``lat``
     and ``lon`` (and the other names :func:`xpatch.geo.geotiff_layout` knows)
     are renamed to them.
+
+    Examples
+    --------
+    >>> import numpy as np, xarray as xr
+    >>> da = xr.DataArray(np.zeros((2, 3)), dims=("lat", "lon"))
+    >>> geotiff_result(da, "out.tif", "in.nc").dims
+    ('y', 'x')
     """
     try:
         y_dim, x_dim, _ = geotiff_layout(result)
     except OptionError as error:
         raise OptionError(
-            f"OUTPUT {args.output!r} is a GeoTIFF, which cannot hold the result of INPUT "
-            f"{args.input!r}: {error} (A .zarr OUTPUT holds any result.)"
+            f"OUTPUT {output!r} is a GeoTIFF, which cannot hold the result of INPUT "
+            f"{source!r}: {error} (A .zarr OUTPUT holds any result.)"
         ) from None
     names = {d: n for d, n in ((y_dim, "y"), (x_dim, "x")) if d != n}
     in_use = (set(result.dims) | set(result.coords)) - set(names)

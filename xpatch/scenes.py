@@ -55,8 +55,14 @@ def _named(scenes: Any) -> dict[str, Scene]:
     elif isinstance(scenes, Iterable) and not isinstance(scenes, xr.DataArray | xr.Dataset):
         items = list(scenes)
         if all(isinstance(s, str | os.PathLike) for s in items):
-            stems = [Path(s).stem for s in items]
-            names = stems if len(set(stems)) == len(stems) else [str(i) for i in range(len(items))]
+            names = [Path(s).stem for s in items]
+            repeated = sorted({n for n in names if names.count(n) > 1})
+            if repeated:
+                raise OptionError(
+                    f"scenes: several files are named {repeated!r} (in different folders or "
+                    "with other suffixes); scene names become output file names, so name "
+                    "them yourself with a mapping, e.g. {'north_a': path, ...}."
+                )
         else:
             names = [str(i) for i in range(len(items))]
         named = dict(zip(names, items))
@@ -284,6 +290,7 @@ def patch_scenes(
     *,
     sampler: Any = None,
     chunks: int = 1024,
+    variable: str | None = None,
     **options: Any,
 ) -> ScenePatcher:
     """Lay one patch layout over many scenes: a :class:`ScenePatcher`.
@@ -295,7 +302,7 @@ def patch_scenes(
         opened lazily, headers only, with ``chunks``), a mapping name -> scene, or
         a glob such as ``"scenes/*.tif"`` (sorted). Scenes may differ in shape
         and CRS. Names: the mapping's keys; for paths their stems; else
-        ``"0"``, ``"1"``...
+        ``"0"``, ``"1"``... (files of the same stem must be named with a mapping).
     size, stride
         The patch size and stride, as for :class:`~xpatch.Patcher` (also as
         keyword arguments ``y=256, x=256``); the same for every scene.
@@ -306,6 +313,8 @@ def patch_scenes(
         map). Default: the regular grid.
     chunks
         Block size of files opened from paths (along y and x).
+    variable
+        The variable to read from zarr or netCDF files that hold several.
     **options
         :class:`~xpatch.Patcher`'s other options: ``window``, ``boundary``,
         ``min_valid``, ``pad_value``, ``pad_mode``, and the size as ``y=...``.
@@ -342,7 +351,7 @@ def patch_scenes(
         try:
             obj = scene
             if isinstance(scene, str | os.PathLike):
-                obj = open_input(scene, chunks=chunks)
+                obj = open_input(scene, variable, chunks=chunks)
             patchers[name] = Patcher(obj, size, stride, sampler=samplers[name], **options)
         except XPatchError as error:
             raise type(error)(f"scene {name!r}: {error}") from None
