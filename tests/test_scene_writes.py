@@ -179,6 +179,38 @@ def test_a_scene_written_but_not_marked_done_is_marked_without_rewriting(tmp_pat
     assert xpatch.write(lazy, tmp_path, progress=False) == BLOCKS["s4"]
 
 
+def test_an_overwrite_cut_off_before_a_scenes_record_rewrites_that_scene(
+    tmp_path, tmp_path_factory, monkeypatch
+):
+    """The old complete output under the new run's entry must not pass for the new one."""
+    from xpatch import scene_writes
+
+    assert xpatch.write(results(), tmp_path, progress=False) == TOTAL
+    real_run, calls = scene_writes.run_output, []
+
+    def cut_off_at_the_second_scene(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:  # as a kill (or a stale lock) before the record is written
+            raise KeyboardInterrupt
+        return real_run(*args, **kwargs)
+
+    monkeypatch.setattr(scene_writes, "run_output", cut_off_at_the_second_scene)
+    with pytest.raises(KeyboardInterrupt):
+        xpatch.write(with_model("b"), tmp_path, overwrite=True, progress=False)
+    monkeypatch.setattr(scene_writes, "run_output", real_run)
+    assert entry(tmp_path, "s2")["state"] == "overwriting"
+    # The scenes the cut-off run never reached still hold model a: refused, not mixed.
+    with pytest.raises(xpatch.OutputError, match=r"scene 's3'.*another computation"):
+        xpatch.write(with_model("b"), tmp_path, progress=False)
+    reached = {n: r for n, r in with_model("b").items() if n in ("s1", "s2")}
+    with pytest.raises(xpatch.OutputExistsError, match=r"scene 's2'.*interrupted"):
+        xpatch.write(reached, tmp_path, resume=False, progress=False)
+    assert xpatch.write(reached, tmp_path, progress=False) == BLOCKS["s2"]
+    assert_same_output(
+        tmp_path / "s2.zarr", "zarr", references("zarr", "b", tmp_path_factory)["s2"]
+    )
+
+
 def test_a_damaged_manifest_entry_is_refused(tmp_path):
     lazy = {"s1": results()["s1"]}
     xpatch.write(lazy, tmp_path, progress=False)
@@ -297,3 +329,10 @@ def test_a_writer_killed_at_a_random_moment_resumes_to_the_uninterrupted_outputs
         code, _, err = run_writer(folder, "zarr", delay=float(delay))
         assert code == -signal.SIGKILL, f"the writer was not killed mid-run: {code} {err}"
         resume_and_check(folder, "zarr", reference)
+
+
+def test_scene_names_that_differ_only_in_case_are_refused(tmp_path):
+    lazy = results()
+    with pytest.raises(xpatch.OptionError, match=r"\['S1', 's1'\] differ only in case"):
+        xpatch.write({"s1": lazy["s1"], "S1": lazy["s2"]}, tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()

@@ -228,18 +228,80 @@ def test_the_cache_is_shared_and_bounded_across_scenes():
     assert stats.loads == 16 and stats.cached_bytes <= 3 * chunk_bytes
 
 
-def test_each_worker_gets_a_run_of_neighbouring_chunks_in_chunk_local_order():
-    groups = np.repeat(np.arange(9), 5)  # 9 chunks of 5 patches
-    order = worker_permutation(groups, seed=3, epoch=1, worker_count=3, batch_size=4)
-    assert sorted(order.tolist()) == list(range(45))
-    worker = (np.arange(45) // 4) % 3
-    for w in range(3):
+@pytest.mark.parametrize("epoch", [0, 1, 2, 5])
+def test_each_worker_gets_a_run_of_neighbouring_chunks_in_every_epoch(epoch):
+    """Batches run on across epochs, so epoch e's batches start at element e * n."""
+    groups = np.repeat(np.arange(16), 4)  # 16 chunks of 4 patches; 64 is no multiple of 5 * 2
+    n, batch, workers = len(groups), 5, 2
+    order = worker_permutation(groups, seed=3, epoch=epoch, worker_count=workers, batch_size=batch)
+    assert sorted(order.tolist()) == list(range(n))
+    worker = ((np.arange(n) + epoch * n) // batch) % workers
+    seen = [set(groups[order[worker == w]].tolist()) for w in range(workers)]
+    assert len(seen[0] & seen[1]) <= 1  # only the chunk at the runs' border is shared
+    for w in range(workers):
         chunks = groups[order[worker == w]]
-        assert int((np.diff(chunks) != 0).sum()) == len(set(chunks)) - 1  # each chunk in one run
-        assert max(chunks) - min(chunks) <= 3  # neighbours: 15 patches span 3 or 4 chunks
-    assert (
-        order != worker_permutation(groups, seed=3, epoch=2, worker_count=3, batch_size=4)
-    ).any()
+        assert int((np.diff(chunks) != 0).sum()) == len(set(chunks)) - 1  # each chunk once
+
+
+def test_the_runs_turn_from_epoch_to_epoch():
+    groups = np.repeat(np.arange(8), 4)
+    firsts = []
+    for epoch in range(2):
+        order = worker_permutation(groups, seed=0, epoch=epoch, worker_count=2, batch_size=4)
+        worker = ((np.arange(32) + epoch * 32) // 4) % 2
+        firsts.append(set(groups[order[worker == 0]].tolist()))
+    assert firsts[0] == {0, 1, 2, 3} and firsts[1] == {4, 5, 6, 7}
+
+
+def test_a_checkpoint_names_the_worker_count_it_was_dealt_to():
+    da_ = xr.DataArray(np.zeros((64, 64)), dims=("y", "x")).chunk(16)
+    src = xpatch.patch_scenes([da_, da_ + 1], y=16, x=16).to_grain()
+
+    def pipeline(workers):
+        return (
+            grain.MapDataset.source(src)
+            .pipe(src.chunk_shuffle, seed=0, worker_count=workers, batch_size=4)
+            .batch(4)
+            .to_iter_dataset()
+            .pipe(src.with_fingerprint)
+        )
+
+    iterator = iter(pipeline(2))
+    next(iterator)
+    state = iterator.get_state()
+    assert state["xpatch_fingerprint"] == src.fingerprint + "/workers=2,batch=4"
+    with pytest.raises(xpatch.OptionError, match="worker_count or batch_size"):
+        iter(pipeline(3)).set_state(state)
+    restored = iter(pipeline(2))
+    restored.set_state(state)
+    assert next(restored)["index"].tolist() == next(iterator)["index"].tolist()
+    # A pipeline that deals to one worker keeps the source's fingerprint alone.
+    assert iter(pipeline(1)).get_state()["xpatch_fingerprint"] == src.fingerprint
+
+
+def test_scenes_whose_dims_come_in_other_orders_are_refused():
+    a = xr.DataArray(np.zeros((2, 32, 32)), dims=("band", "y", "x"))
+    with pytest.raises(
+        xpatch.OptionError, match=r"different orders.*transpose\(\.\.\., 'y', 'x'\)"
+    ):
+        xpatch.patch_scenes({"a": a, "b": a.transpose("band", "x", "y")}, y=16, x=16)
+    sp = xpatch.patch_scenes({"a": a, "b": a.transpose("y", "x", "band")}, y=16, x=16)
+    with pytest.raises(
+        xpatch.OptionError, match=r"different orders.*transpose\('band', 'y', 'x'\)"
+    ):
+        sp.to_grain()
+
+
+def test_integers_cast_to_floats_and_samplers_keyed_by_position():
+    ints = xr.DataArray(np.arange(32 * 32, dtype="int32").reshape(32, 32), dims=("y", "x"))
+    floats = ints.astype("float64")
+    sampler = {0: xpatch.RandomAnchors(2, seed=0), 1: xpatch.RandomAnchors(3, seed=1)}
+    sp = xpatch.patch_scenes([ints, floats], y=16, x=16, sampler=sampler)
+    assert len(sp) == 5
+    src = sp.to_grain(dtype="float32")
+    np.testing.assert_array_equal(src[0]["data"], sp[0].values.astype("float32"))
+    with pytest.raises(xpatch.OptionError, match="int16 cannot hold"):
+        sp.to_grain(dtype="int16")
 
 
 @settings(max_examples=25, deadline=None)
@@ -305,3 +367,13 @@ def test_files_named_alike_need_names_and_a_variable_picks_from_a_store(tmp_path
         xpatch.patch_scenes({"a": paths[0]}, y=16, x=16)
     sp = xpatch.patch_scenes({"a": paths[0], "b": paths[1]}, y=16, x=16, variable="w")
     np.testing.assert_array_equal(sp[3].values, values.values[16:32, 16:32] * 2)
+
+
+def test_printing_the_source_does_not_change_how_its_cache_evicts():
+    da_ = xr.DataArray(np.zeros((64, 64), "float32"), dims=("y", "x")).chunk(32)
+    src = xpatch.patch_scenes([da_, da_], y=16, x=16, stride=12).to_grain(cache_bytes=2**20)
+    fingerprint = src.fingerprint
+    repr(src)
+    assert src.cache_stats() == src.cache_stats() and src._cache.shrink is None
+    assert src.shuffle_groups().ndim == 2 and src._cache.shrink is not None
+    assert src.fingerprint == fingerprint

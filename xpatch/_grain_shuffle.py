@@ -156,6 +156,11 @@ class ChunkShuffleMapDataset(grain.MapDataset):
     def __len__(self) -> int:
         return len(self._members)
 
+    @property
+    def dealt(self) -> tuple[int, int]:
+        """``(worker_count, batch_size)`` the epochs are dealt to."""
+        return self._dealt
+
     def __str__(self) -> str:
         return f"ChunkShuffleMapDataset(seed={self._seed})"
 
@@ -206,6 +211,25 @@ class ChunkShuffleMapDataset(grain.MapDataset):
         return self._parent._getitems([self._shuffled_index(i) for i in indices])
 
 
+def dealt_suffix(dataset: Any) -> str:
+    """``"/workers=W,batch=B"`` for a pipeline whose chunk shuffle deals to ``W > 1`` workers.
+
+    That order depends on ``W`` and ``B``: a checkpoint resumed under others would
+    continue at the same position of another order. Empty otherwise, so that the
+    states of other pipelines keep the source's fingerprint alone.
+    """
+    stack, seen = [dataset], set()
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, ChunkShuffleMapDataset) and node.dealt[0] > 1:
+            return f"/workers={node.dealt[0]},batch={node.dealt[1]}"
+        stack.extend(getattr(node, "parents", ()))
+    return ""
+
+
 class FingerprintIterDataset(grain.IterDataset):
     """An ``IterDataset`` whose iterator state carries a source's fingerprint.
 
@@ -236,7 +260,7 @@ class FingerprintIterDataset(grain.IterDataset):
                 f"with_fingerprint got a {type(dataset).__name__}; pass a grain.IterDataset, "
                 "e.g. grain.MapDataset.source(src).to_iter_dataset()."
             )
-        fingerprint = source.fingerprint
+        fingerprint = source.fingerprint + dealt_suffix(dataset)
         if isinstance(dataset, cls) and dataset.fingerprint == fingerprint:
             return dataset
         layout = f"{source.patcher!r}, variables {source.variables}"
@@ -293,7 +317,8 @@ class _FingerprintIterator(grain.DatasetIterator):
                 f"set_state: the checkpoint was saved from an xpatch source with fingerprint "
                 f"{saved!r} and this pipeline reads one with fingerprint {self._fingerprint!r}: "
                 "another layout (size, stride, window, boundary, sampler, anchors, pad_value, "
-                "pad_mode, variables, transform, or a cache_bytes or xpatch release that "
+                "pad_mode, variables, transform, chunk_shuffle's worker_count or batch_size, "
+                "or a cache_bytes or xpatch release that "
                 "orders chunk_shuffle's straddling patches otherwise) or other data, so "
                 "resuming would continue at the "
                 f"same position in other patches. Saved: {saved_layout}. Now: {self._layout}. "

@@ -256,17 +256,20 @@ class PatchSource:
         """How patches are read: chunk grid, cache and frames (one per process)."""
         return self._reader
 
-    def item_spec(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
-        """Shape and dtype of each data entry of an item, by key.
+    def item_spec(self) -> dict[str, tuple[tuple[Hashable, ...], tuple[int, ...], np.dtype]]:
+        """Dims, shape and dtype of each data entry of an item, by key.
 
         Examples
         --------
         >>> import numpy as np, xarray as xr, xpatch
         >>> da_ = xr.DataArray(np.zeros((3, 64, 64), "uint16"), dims=("band", "y", "x"))
         >>> da_.patch(y=32, x=32).to_grain().item_spec()
-        {'data': ((3, 32, 32), dtype('uint16'))}
+        {'data': (('band', 'y', 'x'), (3, 32, 32), dtype('uint16'))}
         """
-        return {str(plan.name): (tuple(plan.patch_shape), plan.dtype) for plan in self._plans}
+        return {
+            str(plan.name): (tuple(plan.var.dims), tuple(plan.patch_shape), plan.dtype)
+            for plan in self._plans
+        }
 
     @property
     def variables(self) -> tuple[str, ...]:

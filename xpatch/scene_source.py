@@ -28,13 +28,13 @@ if TYPE_CHECKING:
 
 def _declared_dtype(specs: dict[str, dict], dtype: Any) -> np.dtype | None:
     """Return the dtype items are cast to, or None when the scenes agree and none is declared."""
-    found = {name: {str(s[1]) for s in spec.values()} for name, spec in specs.items()}
+    found = {name: {str(s[2]) for s in spec.values()} for name, spec in specs.items()}
     if dtype is None:
         mixed = {n: sorted(d) for n, d in found.items() if len(d) > 1}
         if mixed:
             raise OptionError(
                 f"the scenes' data have different dtypes {mixed} (scene -> dtype: "
-                f"{ {n: {s: str(v[1]) for s, v in spec.items()} for n, spec in specs.items()} }); "
+                f"{ {n: {s: str(v[2]) for s, v in spec.items()} for n, spec in specs.items()} }); "
                 "declare the dtype of the items, e.g. to_grain(dtype='float32')."
             )
         return None
@@ -43,9 +43,11 @@ def _declared_dtype(specs: dict[str, dict], dtype: Any) -> np.dtype | None:
     except TypeError:
         raise OptionError(f"dtype={dtype!r} is not a numpy dtype, e.g. 'float32'.") from None
     for name, spec in specs.items():
-        for scene, (_, source) in spec.items():
-            floats = np.issubdtype(source, np.floating) and np.issubdtype(target, np.floating)
-            if not (np.can_cast(source, target, "safe") or floats):
+        for scene, (_, _, source) in spec.items():
+            # To a float: integers round above 2**24 (float32), floats to the nearest;
+            # nothing wraps or drops a fraction, as float -> int or int -> narrower would.
+            to_float = source.kind in "biuf" and target.kind == "f"
+            if not (np.can_cast(source, target, "safe") or to_float):
                 raise OptionError(
                     f"dtype={dtype!r}: in scene {scene!r}, {name!r} is {source}, which "
                     f"{target} cannot hold without wrapping or truncating values; declare a "
@@ -80,8 +82,9 @@ class SceneSource:
         one cache all scenes share.
     dtype
         The dtype of every item's data; default the scenes' own (which must agree).
-        Integer data cast to a float dtype, or float to a narrower float, is
-        allowed; a cast that could wrap or truncate values is refused.
+        Casts to a float dtype (integers round to the nearest float above 2**24
+        for float32) and safe casts are allowed; a cast that could wrap values or
+        drop their fractions (float to int, int to a narrower int) is refused.
     """
 
     def __init__(
@@ -119,7 +122,16 @@ class SceneSource:
             for key, spec in source.item_spec().items():
                 specs[key][name] = spec
         for key, spec in specs.items():
-            shapes = {scene: shape for scene, (shape, _) in spec.items()}
+            dims = {scene: item_dims for scene, (item_dims, _, _) in spec.items()}
+            if len(set(dims.values())) > 1:
+                first = next(iter(dims.values()))
+                raise OptionError(
+                    f"the scenes' {key!r} have their dims in different orders {dims}: items "
+                    "of one batch would mix axes. Transpose the scenes to one order first, "
+                    f"e.g. scene.transpose{first!r}."
+                )
+        for key, spec in specs.items():
+            shapes = {scene: shape for scene, (_, shape, _) in spec.items()}
             if len(set(shapes.values())) > 1:
                 raise OptionError(
                     f"the scenes' {key!r} patches have different shapes {shapes}: items are "
@@ -231,13 +243,7 @@ class SceneSource:
         Frames are kept when every scene's frames, plus the largest chunk of any
         scene, fit in the shared cache.
         """
-        costs = [s.reader.frame_costs() for s in self._sources]
-        fit = (
-            all(c is not None for c in costs)
-            and any(c[0] > 0 for c in costs)
-            and sum(c[0] for c in costs) + max(c[1] for c in costs) <= self._cache_bytes
-        )
-        if not fit:
+        if not self._frames_fit():
             return self.chunk_of_patch()
         if not self._frames:
             self._frames = True
@@ -246,17 +252,24 @@ class SceneSource:
             self._cache.shrink = self._frame_of
         return self.touched_chunks()
 
+    def _frames_fit(self) -> bool:
+        costs = [s.reader.frame_costs() for s in self._sources]
+        return (
+            all(c is not None for c in costs)
+            and any(c[0] > 0 for c in costs)
+            and sum(c[0] for c in costs) + max(c[1] for c in costs) <= self._cache_bytes
+        )
+
     @property
     def fingerprint(self) -> str:
         """16 hex digits that identify the scenes, their layout and data, and ``dtype``."""
         if self._fingerprint is None:
-            self.shuffle_groups()  # decides the grouping the fingerprint names
             self._fingerprint = tokenize(
                 "xpatch.SceneSource v1",
                 self._scene_patcher.names,
                 [s.fingerprint for s in self._sources],
                 None if self._dtype is None else str(self._dtype),
-                self._frames,
+                self._frames_fit(),  # decides how chunk_shuffle orders straddling patches
             )[:16]
         return self._fingerprint
 

@@ -23,13 +23,16 @@ The manifest is the folder ``out/xpatch-scenes/``:
 - ``lock.json`` while a writer runs (:class:`xpatch.record.WriterLock`): one
   writer per folder, so that no two runs update the manifest at once.
 
-A scene's entry says ``"started"`` before its write starts and ``"done"`` once it
-returned. The rules, per scene, decided for every scene before any is written (with
-``overwrite=True`` every scene is written again, whatever the folder holds):
+A scene's entry says ``"started"`` before its write starts (``"overwriting"`` when
+a complete output is being replaced) and ``"done"`` once it returned. The rules,
+per scene, decided for every scene before any is written (with ``overwrite=True``
+every scene is written again, whatever the folder holds):
 
 - done, same computation, output complete: skipped (0 blocks);
 - started, same computation, output complete: marked done without writing (the
   kill came between the end of the scene's write and the manifest's update);
+- overwriting, output complete: written again (the complete output may be the old
+  one, if the kill came before the new run's record existed);
 - done or started, another computation, output complete: refused with what
   differs, unless ``resume="force"`` (kept, and the entry names the new
   computation);
@@ -81,8 +84,8 @@ MANIFEST_FORMAT = 1
 #: Characters that cannot be part of a file name on some filesystem xpatch writes to.
 FORBIDDEN_NAME_CHARACTERS = ("/", "\\", "\0")
 
-EntryState = Literal["started", "done"]
-Action = Literal["write", "skip", "mark"]
+EntryState = Literal["started", "overwriting", "done"]
+Action = Literal["write", "rewrite", "skip", "mark"]
 
 
 def check_scene_names(names: list[str]) -> None:
@@ -147,7 +150,7 @@ class Manifest:
             entry = json.loads(data)
             if (
                 entry.get("format") != MANIFEST_FORMAT
-                or entry.get("state") not in ("started", "done")
+                or entry.get("state") not in ("started", "overwriting", "done")
                 or not isinstance(entry.get("fingerprint"), dict)
             ):
                 raise ValueError("not a manifest entry of this format")
@@ -263,9 +266,14 @@ def _decide(plan: ScenePlan, entry: dict | None, resume: Resume, where: str) -> 
     if resume is False:
         raise OutputExistsError(
             f"scene {plan.scene!r}: the run that wrote {output!r} was interrupted before the "
-            f"manifest {where!r} said so; pass resume=True to mark it done, or "
-            "overwrite=True to write it again."
+            f"manifest {where!r} said it finished; pass resume=True to continue (mark it "
+            "done, or write it again after an interrupted overwrite), or overwrite=True to "
+            "write it again."
         )
+    if entry["state"] == "overwriting":
+        # The complete output may still be the one an interrupted overwrite set out to
+        # replace (a kill before its record was written): write it again.
+        return "rewrite"
     return "mark"
 
 
@@ -361,6 +369,13 @@ def write_scenes(
             "the same file; name the scenes uniquely."
         )
     check_scene_names(names)
+    folded = [n.casefold() for n in names]
+    alike = sorted({n for n, f in zip(names, folded) if folded.count(f) > 1})
+    if alike:
+        raise OptionError(
+            f"scene names {alike!r} differ only in case: on a case-insensitive filesystem "
+            "(macOS, Windows) their outputs would be one file. Name the scenes apart."
+        )
     if not isinstance(folder, str | os.PathLike):
         raise OptionError(
             f"folder={folder!r} must be a local folder or an fsspec URL ('s3://bucket/run'); "
@@ -389,9 +404,13 @@ def write_scenes(
                 tidy_complete(plan.output, break_lock)
                 manifest.write(plan, "done")
                 continue
-            manifest.write(plan, "started")
+            rewrite = overwrite or plan.action == "rewrite"
+            # A complete output about to be replaced: until the new run's record exists,
+            # it is the old computation's, and the entry must not vouch for it.
+            replaced = rewrite and output_status(plan.output) == "complete"
+            manifest.write(plan, "overwriting" if replaced else "started")
             written += run_output(
-                plan.output, plan.fingerprint, resume, overwrite, progress, break_lock
+                plan.output, plan.fingerprint, resume, rewrite, progress, break_lock
             )
             manifest.lock.check_held()
             manifest.write(plan, "done")

@@ -98,8 +98,12 @@ class ScenePatcher:
     def __init__(self, patchers: Mapping[str, Patcher]) -> None:
         dims = {name: p.dims for name, p in patchers.items()}
         first = next(iter(dims.values()))
-        if any(set(d) != set(first) for d in dims.values()):
-            raise OptionError(f"scenes are patched along different dims: {dims!r}.")
+        if any(tuple(d) != tuple(first) for d in dims.values()):
+            raise OptionError(
+                f"the scenes' patched dims differ, or come in different orders: {dims!r}. "
+                "Anchors, bounds and items follow that order: transpose the scenes to one "
+                f"order first, e.g. scene.transpose(..., {', '.join(map(repr, first))})."
+            )
         self._patchers = dict(patchers)
         self._names = tuple(self._patchers)
         self._offsets = np.cumsum([0] + [len(p) for p in self._patchers.values()])
@@ -308,11 +312,14 @@ def patch_scenes(
         keyword arguments ``y=256, x=256``); the same for every scene.
     sampler
         One sampler for every scene (a ``RandomAnchors(count, seed)`` draws
-        ``count`` per scene), or a mapping scene name -> sampler (e.g. a
+        ``count`` per scene, with the same seed: scenes of one shape get the same
+        anchors; give a mapping of samplers with their own seeds for other draws),
+        or a mapping scene name -> sampler (e.g. a
         :class:`~xpatch.WeightedAnchors` per scene, over that scene's weight
         map). Default: the regular grid.
     chunks
-        Block size of files opened from paths (along y and x).
+        Block size (along y and x) of GeoTIFFs opened from paths; zarr stores and
+        netCDF files keep their own chunks.
     variable
         The variable to read from zarr or netCDF files that hold several.
     **options
@@ -335,7 +342,7 @@ def patch_scenes(
     """
     named = _named(scenes)
     if isinstance(sampler, Mapping):
-        missing = [n for n in named if n not in sampler]
+        missing = [n for n in named if n not in {str(k) for k in sampler}]
         extra = [str(n) for n in sampler if str(n) not in named]
         if missing or extra:
             raise OptionError(

@@ -99,12 +99,12 @@ class TreeSource:
         >>> tree = xr.DataTree.from_dict({"/a": xr.Dataset({"v": (("y", "x"), np.zeros((4, 4)))},
         ...                                                coords=cells)})
         >>> fp = tree.patch(y=2, x=2).to_grain().fingerprint
-        >>> fp == tree.patch(y=2, x=2).to_grain().fingerprint, len(fp) == 32
+        >>> fp == tree.patch(y=2, x=2).to_grain().fingerprint, len(fp) == 16
         (True, True)
         """
         if self._fingerprint is None:
             nodes = [(path, source.fingerprint) for path, source in self._sources.items()]
-            self._fingerprint = tokenize("xpatch.TreeSource", self._reference, nodes)
+            self._fingerprint = tokenize("xpatch.TreeSource", self._reference, nodes)[:16]
         return self._fingerprint
 
     def anchors(self) -> np.ndarray:

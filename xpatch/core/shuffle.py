@@ -74,9 +74,11 @@ def worker_permutation(
     A chunk-local order dealt round robin would have every worker read every chunk
     (and the neighbours its straddling patches reach into). Instead the elements
     are cut, in chunk order, into ``worker_count`` runs of neighbouring chunks,
-    one per worker and as long as its share of the batches; each run gets its own
-    chunk-local order (:func:`chunk_local_permutation`), which fills its worker's
-    batches. Workers then share only the chunks at their runs' borders.
+    one per worker and as long as its share of the batches (which run goes to which
+    worker turns with the epoch); each run gets its own chunk-local order
+    (:func:`chunk_local_permutation`), which fills its worker's batches. Workers
+    then share only the chunks at their runs' borders. Epoch ``e`` is taken to
+    start at element ``e * len(groups)`` of a stream batched across epochs.
 
     Parameters
     ----------
@@ -101,13 +103,20 @@ def worker_permutation(
     groups = np.asarray(groups)
     if worker_count == 1:
         return chunk_local_permutation(groups, seed, epoch)
-    worker = (np.arange(len(groups)) // batch_size) % worker_count
+    n = len(groups)
+    # Batches run on across epochs (.repeat() before .batch()): epoch e starts at
+    # element e * n of the stream, not at worker 0's first batch.
+    worker = ((np.arange(n) + epoch * n) // batch_size) % worker_count
     counts = np.bincount(worker, minlength=worker_count)
     placed = groups if groups.ndim == 1 else groups[:, 0]
     in_chunk_order = np.argsort(placed, kind="stable")
-    order = np.empty(len(groups), dtype=np.int64)
-    stops = np.cumsum(counts)
-    for w, (start, stop) in enumerate(zip(stops - counts, stops)):
-        run = in_chunk_order[start:stop]
+    order = np.empty(n, dtype=np.int64)
+    # The runs rotate from epoch to epoch, so that no worker keeps the same chunks.
+    runs = [(w + epoch) % worker_count for w in range(worker_count)]
+    start = 0
+    for run_index in range(worker_count):
+        w = runs.index(run_index)
+        run = in_chunk_order[start : start + counts[w]]
+        start += counts[w]
         order[worker == w] = run[chunk_local_permutation(groups[run], seed, epoch)]
     return order
