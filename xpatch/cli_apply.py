@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Hashable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import xarray as xr
@@ -257,16 +258,7 @@ def run_apply(args: argparse.Namespace) -> int:
         named = result.rename(name)
     start = time.perf_counter()
     try:
-        with sigterm_exits():
-            blocks = xpatch.write(
-                named,
-                args.output,
-                resume="force" if args.force_resume else not args.restart,
-                overwrite=args.restart,
-                progress=not args.no_progress,
-                storage_options=args.storage_options,
-                break_lock=args.break_lock,
-            )
+        blocks = write_output(named, args)
     except XPatchError as error:
         return usage_error("apply", str(error))
     seconds = time.perf_counter() - start
@@ -280,6 +272,24 @@ def run_apply(args: argparse.Namespace) -> int:
         f"({format_sizes(dict(result.sizes))}) {dtypes} to {args.output} in {seconds:.1f} s"
     )
     return 0
+
+
+def write_output(result: Any, args: argparse.Namespace, format: str = "auto") -> int:
+    """``xpatch.write`` of ``result`` to OUTPUT with the resume, progress and lock flags.
+
+    SIGTERM leaves the output as Ctrl-C does (:func:`sigterm_exits`).
+    """
+    with sigterm_exits():
+        return xpatch.write(
+            result,
+            args.output,
+            format=format,
+            resume="force" if args.force_resume else not args.restart,
+            overwrite=args.restart,
+            progress=not args.no_progress,
+            storage_options=args.storage_options,
+            break_lock=args.break_lock,
+        )
 
 
 @contextlib.contextmanager

@@ -30,7 +30,7 @@ from xpatch.cli_apply import (
     load_function,
     open_patched_input,
     patch_options,
-    sigterm_exits,
+    write_output,
 )
 from xpatch.cli_common import usage_error
 from xpatch.core.errors import OptionError, XPatchError
@@ -124,17 +124,7 @@ def run_apply_scenes(args: argparse.Namespace) -> int:
         return usage_error("apply", str(error))
     start = time.perf_counter()
     try:
-        with sigterm_exits():
-            blocks = xpatch.write(
-                results,
-                args.output,
-                format=kind,
-                resume="force" if args.force_resume else not args.restart,
-                overwrite=args.restart,
-                progress=not args.no_progress,
-                storage_options=args.storage_options,
-                break_lock=args.break_lock,
-            )
+        blocks = write_output(results, args, format=kind)
     except XPatchError as error:
         return usage_error("apply", str(error))
     seconds = time.perf_counter() - start
