@@ -377,3 +377,23 @@ def test_printing_the_source_does_not_change_how_its_cache_evicts():
     assert src.cache_stats() == src.cache_stats() and src._cache.shrink is None
     assert src.shuffle_groups().ndim == 2 and src._cache.shrink is not None
     assert src.fingerprint == fingerprint
+
+
+def test_shards_split_the_scenes_patches_without_overlap():
+    rng = np.random.default_rng(4)
+    scenes = [
+        xr.DataArray(rng.random((h, 64), dtype="float32"), dims=("y", "x")).chunk(32)
+        for h in (64, 96, 32)
+    ]
+    src = xpatch.patch_scenes(scenes, y=16, x=16, stride=12).to_grain()
+    served = []
+    for index in range(3):
+        options = grain.sharding.ShardOptions(shard_index=index, shard_count=3)
+        shard = src.chunk_shuffle(seed=1, shard_options=options)
+        items = [shard[i] for i in range(len(shard))]
+        served.append([int(item["index"]) for item in items])
+        for item in items:
+            name, local = src.patcher.locate(int(item["index"]))
+            np.testing.assert_array_equal(item["data"], src.patcher.patchers[name][local].values)
+    assert sorted(i for run in served for i in run) == list(range(len(src)))
+    assert max(map(len, served)) - min(map(len, served)) <= 1
