@@ -126,9 +126,9 @@ class SceneSource:
             if len(set(dims.values())) > 1:
                 first = next(iter(dims.values()))
                 raise OptionError(
-                    f"the scenes' {key!r} have their dims in different orders {dims}: items "
-                    "of one batch would mix axes. Transpose the scenes to one order first, "
-                    f"e.g. scene.transpose{first!r}."
+                    f"the scenes' {key!r} have different dims, or dims in different orders "
+                    f"{dims}: items of one batch would mix axes. Rename or transpose the "
+                    f"scenes to one layout first, e.g. scene.transpose{first!r}."
                 )
         for key, spec in specs.items():
             shapes = {scene: shape for scene, (_, shape, _) in spec.items()}
@@ -141,6 +141,7 @@ class SceneSource:
                 )
         self._dtype = _declared_dtype(specs, dtype)
         self._scene_patcher = scene_patcher
+        self._scene_index = {name: k for k, name in enumerate(names)}
         self._sources = sources
         self._offsets = scene_patcher.offsets
         self._cache_bytes = int(cache_bytes)
@@ -176,7 +177,7 @@ class SceneSource:
     def __getitem__(self, index: int) -> dict[str, np.ndarray]:
         """Patch ``index`` as a dict of numpy arrays (see the class docstring)."""
         name, local = self._scene_patcher.locate(index)
-        k = self._scene_patcher.names.index(name)
+        k = self._scene_index[name]
         item = self._sources[k][local]
         if self._dtype is not None:
             for key in self.variables:
