@@ -273,10 +273,13 @@ def install_kill(point: str, at: int) -> None:
 class Writer:
     """The parent's handle on a writer process: it imports, says ready, writes on go."""
 
+    #: The process to start (a subclass names another writer's main).
+    command = COMMAND
+
     def __init__(self, out: Any, fmt: str, *options: str, env: dict | None = None) -> None:
         self.out = out
         self.process = subprocess.Popen(
-            [*COMMAND, str(out), "--format", fmt, *options],
+            [*self.command, str(out), "--format", fmt, *options],
             cwd=ROOT,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import subprocess
 import sys
 import threading
 import time
@@ -25,7 +24,7 @@ import xarray as xr
 
 import xpatch
 from tests import crash_writer
-from tests.crash_writer import ROOT, Writer, die
+from tests.crash_writer import Writer, die
 
 COMMAND = [sys.executable, "-c", "from tests.scene_crash_writer import main; main()"]
 
@@ -95,17 +94,7 @@ def install_scene_kill(point: str, at: int) -> None:
 class SceneWriter(Writer):
     """The parent's handle on a scene writer process (see :class:`tests.crash_writer.Writer`)."""
 
-    def __init__(self, out, fmt: str, *options: str) -> None:
-        self.out = out
-        self.process = subprocess.Popen(
-            [*COMMAND, str(out), "--format", fmt, *options],
-            cwd=ROOT,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        self.pid = self.process.pid
+    command = COMMAND
 
 
 def main(argv: list[str] | None = None) -> None:
