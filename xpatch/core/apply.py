@@ -9,6 +9,7 @@ memory.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 
 import dask
@@ -18,18 +19,24 @@ from dask.base import tokenize
 from dask.highlevelgraph import HighLevelGraph
 from dask.utils import parse_bytes
 
+from xpatch.core.batch_blend import BatchBlend, SharedCut, blend_as_they_come
 from xpatch.core.callables import code_token
 from xpatch.core.dtypes import working_dtype
 from xpatch.core.errors import PredictionError
 from xpatch.core.extract import (
-    extract_into,
     extract_numpy,
     extract_task,
     group_reads,
+    join_input,
     strip_reads,
 )
-from xpatch.core.lattice import lattice_overlap_add
-from xpatch.core.overlap_add import BlendWindow, Reduction, blends_batches, overlap_add_groups
+from xpatch.core.overlap_add import (
+    BlendWindow,
+    Reduction,
+    blends_batches,
+    overlap_add_groups,
+    worker_count,
+)
 from xpatch.core.padding import PadMode
 from xpatch.core.partials import (
     Partial,
@@ -199,22 +206,29 @@ def _apply_task(
     lead_shape, dtype, anchors, box_origin, box_shape, window, reduce, acc, out_patch=None,
     patch_weights=None,
 ) -> Partial:  # fmt: skip
-    patches = extract_task(nested, crops, axes, local_anchors, size, pad_value, takes)
     cells = int(np.prod([*lead_shape, *(out_patch or size)], dtype=np.int64))
-    split = patch_weights is None and blends_batches(reduce, acc, window, dtype, cells)
+    if patch_weights is None and blends_batches(reduce, acc, window, dtype, cells):
+        blend = BatchBlend.start(anchors, box_origin, box_shape, window.factors, False,
+                                 lead_shape, working_dtype(acc, reduce, window))  # fmt: skip
+        if blend is not None:  # batch by batch: the task holds one batch, never the group's
+            joined = join_input(nested, crops, takes)
+            for start in range(0, len(anchors), batch_size):
+                batch = slice(start, start + batch_size)
+                patches = extract_numpy(joined, axes, local_anchors[batch], size, pad_value)
+                if start + batch_size >= len(anchors):
+                    joined = None  # all cut: the input's memory is free before fn runs
+                (result,) = run_batches(patches, fn, batch_size, len(axes), lead_shape, dtype,
+                                        pad_batch, out_patch, True)  # fmt: skip
+                patches = None  # before the blend touches its rows
+                blend.add(anchors[batch], result)
+                result = None
+            total, valid = blend.finish(box_origin, box_shape)
+            return Partial(tuple(int(o) for o in box_origin), total, valid, anchors)
+    patches = extract_task(nested, crops, axes, local_anchors, size, pad_value, takes)
     predictions = run_batches(
-        patches, fn, batch_size, len(axes), lead_shape, dtype, pad_batch, out_patch, split
+        patches, fn, batch_size, len(axes), lead_shape, dtype, pad_batch, out_patch
     )
     del patches
-    if split:  # the batches blended where they are, unless one holds NaN
-        bounds = np.cumsum([len(b) for b in predictions])[:-1]
-        total = lattice_overlap_add(
-            np.split(anchors, bounds), predictions, box_origin, box_shape, window.factors,
-            False, working_dtype(acc, reduce, window), nan_uncovered=False,
-        )  # fmt: skip
-        if total is not None:
-            return Partial(tuple(int(o) for o in box_origin), total, None, anchors)
-        predictions = np.concatenate(predictions)
     return partial_sums(
         box_origin, box_shape, anchors, predictions, window, reduce, acc, patch_weights
     )
@@ -276,28 +290,16 @@ def apply_numpy(
     patch_cells = int(np.prod([*lead_shape, *out_plan.size], dtype=np.int64))
     split = weights is None and blends_batches(reduce, acc, BlendWindow.of(window), dtype,
                                                patch_cells)  # fmt: skip
+    if split:
+        blended = _apply_blending_batches(
+            array, plan, out_plan, pad_value, pad_mode, fn, batch_size, lead_shape, dtype,
+            pad_batch, BlendWindow.of(window), reduce, acc,
+        )  # fmt: skip
+        if blended is not None:
+            return blended
     prediction_groups, weight_groups, anchor_groups = [], [], []
-    carried = [array.shape[ax] for ax in range(array.ndim - k)]
-    # Large patches are copied into one reused batch buffer (no fresh pages per batch).
-    reuse = split and pad_mode == "constant"
-    buffer = np.empty((batch_size, *carried, *plan.size), array.dtype) if reuse else None
     for g in range(len(plan.groups)):
         anchors, out_anchors = plan.group_anchors(g), out_plan.group_anchors(g)
-        if split:  # batch by batch: each cut, run and kept as a group of its own
-            for start in range(0, len(anchors), batch_size):
-                batch = anchors[start : start + batch_size]
-                patches = None if buffer is None else extract_into(
-                    array, axes, batch, plan.size, buffer)  # fmt: skip
-                if patches is None:
-                    patches = extract_numpy(array, axes, batch, plan.size, pad_value, pad_mode)
-                (result,) = run_batches(
-                    patches, fn, batch_size, k, lead_shape, dtype, pad_batch, out_plan.size, True
-                )
-                if buffer is not None and np.may_share_memory(result, buffer):
-                    result = result.copy()  # fn returned (a view of) the reused buffer
-                prediction_groups.append(result)
-                anchor_groups.append(out_anchors[start : start + batch_size])
-            continue
         patches = extract_numpy(array, axes, anchors, plan.size, pad_value, pad_mode)
         predictions = run_batches(
             patches, fn, batch_size, k, lead_shape, dtype, pad_batch, out_plan.size
@@ -313,6 +315,66 @@ def apply_numpy(
         anchor_groups, prediction_groups, grid, window, reduce, dtype=acc,
         weight_groups=None if weights is None else weight_groups,
     )  # fmt: skip
+
+
+def _apply_blending_batches(
+    array, plan, out_plan, pad_value, pad_mode, fn, batch_size, lead_shape, dtype, pad_batch,
+    window, reduce, acc,
+) -> np.ndarray | None:  # fmt: skip
+    """:func:`apply_numpy` blending each batch as ``fn`` returns it; None off a product grid.
+
+    Batches are cut in the plan's order into one reused buffer (constant padding),
+    and each is blended on a second thread while the next is cut and run.
+    """
+    k = plan.ndim
+    axes = list(range(array.ndim - k, array.ndim))
+    groups = range(len(plan.groups))
+    out_anchors = [out_plan.group_anchors(g) for g in groups]
+    blend = BatchBlend.start(
+        np.concatenate(out_anchors), [0] * k, out_plan.grid.shape, window.factors,
+        reduce == "mean", lead_shape, working_dtype(acc, reduce, window),
+    )  # fmt: skip
+    if blend is None:
+        return None
+    carried = [array.shape[ax] for ax in range(array.ndim - k)]
+    buffer = None
+    if pad_mode == "constant":  # no fresh pages per batch
+        buffer = np.empty((batch_size, *carried, *plan.size), array.dtype)
+
+    grid = np.asarray(array.shape[array.ndim - k :])
+
+    def batches():
+        for g in groups:
+            anchors = plan.group_anchors(g)
+            for start in range(0, len(anchors), batch_size):
+                batch = anchors[start : start + batch_size]
+                out = out_anchors[g][start : start + batch_size]
+                if buffer is None or (batch < 0).any() or (batch + plan.size > grid).any():
+                    cut_all = functools.partial(
+                        extract_numpy, array, axes, batch, plan.size, pad_value, pad_mode
+                    )
+                    yield out, cut_all, None  # padded: cut by numpy, here
+                    continue
+                shared = SharedCut(len(batch), functools.partial(cut, batch))
+                yield out, functools.partial(shared_patches, shared, len(batch)), shared
+
+    def cut(batch: np.ndarray, i: int) -> None:  # the patched axes are last
+        buffer[i] = array[(..., *(slice(a, a + n) for a, n in zip(batch[i].tolist(), plan.size)))]
+
+    def shared_patches(shared: SharedCut, count: int) -> np.ndarray:
+        shared.run()
+        return buffer[:count]
+
+    def run(patches: np.ndarray) -> np.ndarray:
+        (result,) = run_batches(
+            patches, fn, batch_size, k, lead_shape, dtype, pad_batch, out_plan.size, True
+        )
+        if buffer is not None and np.may_share_memory(result, buffer):
+            result = result.copy()  # fn returned (a view of) the buffer the next batch fills
+        return result
+
+    blend_as_they_come(batches(), run, blend, overlap=worker_count() > 1)
+    return blend.reduced([0] * k, out_plan.grid.shape).astype(acc, copy=False)
 
 
 def apply_dask(

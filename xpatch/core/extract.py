@@ -179,8 +179,8 @@ def join_blocks(nested: list, crops: Sequence[Sequence[slice]]) -> np.ndarray:
     return concatenate3(cut(nested, 0, ()))
 
 
-def extract_task(nested: list, crops, axes, anchors, size, pad_value, takes=()) -> np.ndarray:
-    """Join the input pieces a group reads and cut its patches out (a graph task).
+def join_input(nested: list, crops, takes=()) -> np.ndarray:
+    """Join the input pieces a group reads (:func:`join_blocks`), padded as ``takes`` say.
 
     ``takes`` (from :func:`group_reads`) lays out the cells that a padding mode
     other than ``"constant"`` copies past the array's end.
@@ -188,7 +188,12 @@ def extract_task(nested: list, crops, axes, anchors, size, pad_value, takes=()) 
     joined = join_blocks(nested, crops)
     for ax, index in takes:
         joined = np.take(joined, index, axis=ax)
-    return extract_numpy(joined, axes, anchors, size, pad_value)
+    return joined
+
+
+def extract_task(nested: list, crops, axes, anchors, size, pad_value, takes=()) -> np.ndarray:
+    """Join the input pieces a group reads and cut its patches out (a graph task)."""
+    return extract_numpy(join_input(nested, crops, takes), axes, anchors, size, pad_value)
 
 
 class Strip(NamedTuple):

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
@@ -322,15 +323,9 @@ def lattice_overlap_add(
         return None
     if not fused and any(axis_runs(s, n) is None for gs in group_starts for s, n in zip(gs, size)):
         return None
-    # A buffer that holds every patch whole, from the box's origin on.
-    lo = [min(int(o), int(s[0])) for o, s in zip(origin, starts)]
-    hi = [
-        max(int(o) + int(n), int(s[-1]) + m) for o, n, s, m in zip(origin, box_shape, starts, size)
-    ]
-    extent = [h - low for h, low in zip(hi, lo)]
-    weights, sums = lattice_weights(starts, factors, lo, extent, normalise)
+    box = LatticeBox.around(starts, origin, box_shape, factors, normalise)
     lead = prediction_groups[0].shape[1 : prediction_groups[0].ndim - k]
-    out = np.empty((*lead, *extent), dtype=dtype)
+    out = np.empty((*lead, *box.extent), dtype=dtype)
     # Zeroed here, not lazily by the kernel's first touch: page faults taken by
     # several threads at once serialise in the kernel and cost more than this pass.
     out.fill(0)
@@ -338,29 +333,73 @@ def lattice_overlap_add(
     try:
         for anchors, anchors_starts, values in zip(anchor_groups, group_starts, prediction_groups):
             if anchors_starts is None:  # fused: any list of patches
-                rows = (np.searchsorted(starts[0], anchors[:, 0]),
-                        np.searchsorted(starts[1], anchors[:, 1]))  # fmt: skip
-                compiled.blend_patches(out, (lo[0], lo[1]), anchors, values, rows, weights, pool)
+                box.blend(out, anchors, values, pool)
                 continue
             rows = [np.searchsorted(s, gs) for s, gs in zip(starts, anchors_starts)]
-            own = [w[r] for w, r in zip(weights, rows)]
+            own = [w[r] for w, r in zip(box.weights, rows)]
             if fused:
-                compiled.blend_2d(out, (lo[0], lo[1]), anchors_starts, values, own, pool)
+                compiled.blend_2d(out, (box.lo[0], box.lo[1]), anchors_starts, values, own, pool)
             else:
-                lattice_add(out, lo, anchors_starts, values, own, pool)
+                lattice_add(out, box.lo, anchors_starts, values, own, pool)
     finally:
         if pool is not None:
             pool.shutdown()
-    box = (Ellipsis, *(slice(int(o) - low, int(o) - low + int(n))
-                       for o, low, n in zip(origin, lo, box_shape)))  # fmt: skip
-    if list(lo) != [int(o) for o in origin] or extent != [int(n) for n in box_shape]:
-        out = out[box].copy()
     if np.issubdtype(out.dtype, np.inexact) and np.isnan(out).any():
         return None
-    if nan_uncovered:
-        # Σw is a product: a cell is covered where every axis' sum is > 0.
-        axes = [s[int(o) - low : int(o) - low + int(n)] > 0
-                for s, o, low, n in zip(sums, origin, lo, box_shape)]  # fmt: skip
-        if not all(a.all() for a in axes):
-            out[..., ~functools.reduce(np.logical_and.outer, axes)] = np.nan
-    return out
+    return box.cut(out, origin, box_shape, nan_uncovered)
+
+
+class LatticeBox(NamedTuple):
+    """A buffer's place and weights for a product grid of patches: it holds every patch whole.
+
+    ``lo`` and ``extent`` reach from the box's origin (or the first start, if
+    earlier) to its end (or past the last patch); ``weights`` and ``sums`` are
+    :func:`lattice_weights` over that extent (``normalised``: over Σw).
+    """
+
+    starts: list[np.ndarray]
+    lo: list[int]
+    extent: list[int]
+    weights: list[np.ndarray]
+    sums: list[np.ndarray]
+    normalised: bool
+
+    @classmethod
+    def around(
+        cls,
+        starts: Sequence[np.ndarray],
+        origin: Sequence[int],
+        box_shape: Sequence[int],
+        factors: Sequence[np.ndarray],
+        normalise: bool,
+    ) -> LatticeBox:
+        """Place the buffer for patches at the product of ``starts`` blended into a box."""
+        size = [len(f) for f in factors]
+        lo = [min(int(o), int(s[0])) for o, s in zip(origin, starts)]
+        hi = [max(int(o) + int(n), int(s[-1]) + m)
+              for o, n, s, m in zip(origin, box_shape, starts, size)]  # fmt: skip
+        extent = [h - low for h, low in zip(hi, lo)]
+        weights, sums = lattice_weights(starts, factors, lo, extent, normalise)
+        return cls(list(starts), lo, extent, weights, sums, normalise)
+
+    def blend(self, out: np.ndarray, anchors: np.ndarray, values: np.ndarray, pool=None) -> None:
+        """Add 2-D patches (any of the grid's, any order) into ``out`` with the compiled kernel."""
+        rows = tuple(np.searchsorted(s, anchors[:, j]) for j, s in enumerate(self.starts))
+        compiled.blend_patches(out, tuple(self.lo), anchors, values, rows, self.weights, pool)
+
+    def cut(
+        self, out: np.ndarray, origin: Sequence[int], box_shape: Sequence[int], nan_uncovered: bool
+    ) -> np.ndarray:
+        """``out`` cut to the box (a copy if it reaches past it), uncovered cells NaN if asked."""
+        lo = self.lo
+        box = (Ellipsis, *(slice(int(o) - low, int(o) - low + int(n))
+                           for o, low, n in zip(origin, lo, box_shape)))  # fmt: skip
+        if list(lo) != [int(o) for o in origin] or self.extent != [int(n) for n in box_shape]:
+            out = out[box].copy()
+        if nan_uncovered:
+            # Σw is a product: a cell is covered where every axis' sum is > 0.
+            axes = [s[int(o) - low : int(o) - low + int(n)] > 0
+                    for s, o, low, n in zip(self.sums, origin, lo, box_shape)]  # fmt: skip
+            if not all(a.all() for a in axes):
+                out[..., ~functools.reduce(np.logical_and.outer, axes)] = np.nan
+        return out

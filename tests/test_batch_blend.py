@@ -1,0 +1,232 @@
+"""Eager ``apply`` blending each batch as ``fn`` returns it (xpatch/core/batch_blend.py).
+
+Large 2-D patches on a regular grid take this path when numba is installed. It must
+give the brute-force reference (NaN skipped, borders included), the same values as
+the lazy path, the same bits with and without its second thread, and it must stop
+cleanly when ``fn`` or a cut fails.
+"""
+
+from __future__ import annotations
+
+import threading
+from unittest import mock
+
+import dask.array as dsa
+import numpy as np
+import pytest
+import xarray as xr
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import xpatch  # noqa: F401 (registers .patch)
+from tests.test_kernels import reference
+from xpatch.core import apply as apply_module
+from xpatch.core import batch_blend, compiled
+
+pytestmark = [
+    pytest.mark.skipif(not compiled.AVAILABLE, reason="the path needs numba ([fast])"),
+    pytest.mark.filterwarnings("ignore::xpatch.UncoveredCellsWarning"),  # gaps on purpose
+]
+
+
+def anchors_of(p) -> np.ndarray:
+    return p.anchors().values  # (patch, dim), dims in the order of p.dims
+
+
+def counting_adds(monkeypatch) -> list[int]:
+    """Record the patch count of every BatchBlend.add (so a test knows the path ran)."""
+    sizes: list[int] = []
+    original = batch_blend.BatchBlend.add
+
+    def add(self, anchors, values):
+        sizes.append(len(anchors))
+        return original(self, anchors, values)
+
+    monkeypatch.setattr(batch_blend.BatchBlend, "add", add)
+    return sizes
+
+
+@st.composite
+def layouts(draw):
+    size = [draw(st.integers(64, 80)), draw(st.integers(64, 80))]
+    stride = [draw(st.integers(s // 2, s + 8)) for s in size]
+    grid = [s + draw(st.integers(0, 120)) for s in size]
+    boundary = draw(st.sampled_from(["shift", "pad"]))
+    bands = draw(st.integers(1, 2))
+    batch = draw(st.integers(1, 7))
+    window = draw(st.sampled_from(["boxcar", "hann", ("gaussian", 12.0)]))
+    reduce = draw(st.sampled_from(["mean", "sum"]))
+    nan_patches = draw(st.lists(st.integers(0, 40), max_size=3))
+    seed = draw(st.integers(0, 2**16))
+    return size, stride, grid, boundary, bands, batch, window, reduce, nan_patches, seed
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(layouts())
+def test_batch_blending_equals_the_reference_and_the_lazy_path(case):
+    size, stride, grid, boundary, bands, batch, window, reduce, nan_patches, seed = case
+    rng = np.random.default_rng(seed)
+    values = rng.random((bands, *grid)).astype("float32")
+    da = xr.DataArray(values, dims=("band", "y", "x"))
+    p = da.patch(y=size[0], x=size[1], stride=dict(zip(("y", "x"), stride)),
+                 boundary=boundary, window=window)  # fmt: skip
+    anchors = anchors_of(p)
+    poisoned = {i % len(anchors) for i in nan_patches}
+
+    def fn(b: np.ndarray) -> np.ndarray:
+        # NaN where the patch's top-left value marks it as poisoned: fn sees patches
+        # only, so the mark is in the data (each patch's corner is its anchor's cell).
+        out = np.sqrt(np.abs(b)) + 1
+        corners = b[:, 0, 0, 0]
+        for i in poisoned:
+            y, x = anchors[i]
+            if 0 <= y < grid[0] and 0 <= x < grid[1]:
+                out[corners == values[0, y, x], :, : size[0] // 2] = np.nan
+        return out
+
+    with mock.patch.object(batch_blend.BatchBlend, "add", autospec=True,
+                           side_effect=batch_blend.BatchBlend.add) as add:  # fmt: skip
+        eager = p.apply(fn, batch_size=batch, reduce=reduce).values
+    assert add.call_count == -(-len(p) // batch)  # the path ran, batch by batch
+    lazy = da.chunk({"y": 50, "x": 70}).patch(
+        y=size[0], x=size[1], stride=dict(zip(("y", "x"), stride)), boundary=boundary,
+        window=window,
+    ).apply(fn, batch_size=batch, reduce=reduce).values  # fmt: skip
+    np.testing.assert_allclose(eager, lazy, rtol=2e-5, atol=1e-6, equal_nan=True)
+    if boundary == "shift":  # every patch inside: the reference slices them directly
+        predictions = fn(p.patches().transpose("patch", "band", "y", "x").values)
+        expected = reference(predictions, anchors, grid, p.blend_window.values, reduce)
+        np.testing.assert_allclose(eager, expected, rtol=2e-5, atol=1e-6, equal_nan=True)
+
+
+def test_the_path_is_taken_batch_by_batch_and_nan_is_skipped_not_spread(monkeypatch):
+    sizes = counting_adds(monkeypatch)
+    values = np.random.default_rng(1).random((1, 200, 200)).astype("float32")
+    p = xr.DataArray(values, dims=("band", "y", "x")).patch(y=64, x=64, stride=48, window="hann")
+    calls = []
+
+    def fn(b):
+        calls.append(len(b))
+        out = b * 2
+        if len(calls) == 3:  # the third batch: one patch all NaN, one half NaN
+            out[0] = np.nan
+            out[1, :, :32] = np.nan
+        return out
+
+    got = p.apply(fn, batch_size=4).values
+    assert sizes == calls and sum(sizes) == len(p)  # one add per batch, each patch once
+    predictions = (p.patches().transpose("patch", "band", "y", "x").values * 2).astype("f4")
+    predictions[8] = np.nan
+    predictions[9, :, :32] = np.nan
+    expected = reference(predictions, anchors_of(p), [200, 200], p.blend_window.values, "mean")
+    np.testing.assert_allclose(got, expected, rtol=1e-5, equal_nan=True)
+    # Not spread: only cells that no valid positive weight reaches (hann's edges) are
+    # NaN, fewer than the all-NaN patch's 64 x 64.
+    assert 0 < np.isnan(got).sum() == np.isnan(expected).sum() < 64 * 64
+
+
+def test_cells_only_nan_reaches_are_nan(monkeypatch):
+    sizes = counting_adds(monkeypatch)
+    values = np.ones((1, 128, 192), dtype="float32")
+    p = xr.DataArray(values, dims=("band", "y", "x")).patch(y=64, x=64, window="boxcar")
+    got = p.apply(lambda b: np.where(np.arange(len(b))[:, None, None, None] == 1, np.nan, b),
+                  batch_size=2).values  # fmt: skip
+    expected = np.ones_like(values)
+    # The second patch of each batch of 2: patches 1, 3 and 5 of the 2 x 3 grid.
+    expected[:, :64, 64:128] = np.nan
+    expected[:, 64:, :64] = np.nan
+    expected[:, 64:, 128:] = np.nan
+    np.testing.assert_array_equal(got, expected)
+    assert sizes == [2, 2, 2]
+
+
+@pytest.mark.parametrize("reduce", ["mean", "sum"])
+def test_the_second_thread_changes_no_bit(monkeypatch, reduce):
+    values = np.random.default_rng(2).random((2, 333, 301)).astype("float32")
+    p = xr.DataArray(values, dims=("band", "y", "x")).patch(
+        y=96, x=80, stride={"y": 70, "x": 50}, boundary="pad", window=("gaussian", 20.0)
+    )
+    fn = lambda b: np.sin(b) * 3  # noqa: E731
+    monkeypatch.setattr(apply_module, "worker_count", lambda: 2)
+    threaded = p.apply(fn, batch_size=5, reduce=reduce).values
+    monkeypatch.setattr(apply_module, "worker_count", lambda: 1)
+    alone = p.apply(fn, batch_size=5, reduce=reduce).values
+    np.testing.assert_array_equal(threaded, alone)
+    lazy = xr.DataArray(dsa.from_array(values, chunks=(2, 333, 301)), dims=("band", "y", "x"))
+    lazy = lazy.patch(y=96, x=80, stride={"y": 70, "x": 50}, boundary="pad",
+                      window=("gaussian", 20.0))  # fmt: skip
+    np.testing.assert_allclose(threaded, lazy.apply(fn, batch_size=5, reduce=reduce).values,
+                               rtol=1e-5, atol=1e-6)  # fmt: skip
+
+
+def test_fn_is_called_on_the_callers_thread_in_order(monkeypatch):
+    monkeypatch.setattr(apply_module, "worker_count", lambda: 2)
+    values = np.arange(256 * 256, dtype="float32").reshape(1, 256, 256)
+    p = xr.DataArray(values, dims=("band", "y", "x")).patch(y=64, x=64, stride=32)
+    seen = []
+
+    def fn(b):
+        seen.append((threading.current_thread(), b[:, 0, 0, 0].tolist()))
+        return b
+
+    np.testing.assert_allclose(p.apply(fn, batch_size=6).values, values)
+    assert {thread for thread, _ in seen} == {threading.current_thread()}
+    corners = [c for _, batch in seen for c in batch]
+    assert corners == [values[0, y, x] for y, x in anchors_of(p)]
+
+
+def test_a_failing_fn_stops_the_run_and_leaves_no_thread(monkeypatch):
+    monkeypatch.setattr(apply_module, "worker_count", lambda: 2)
+    values = np.random.default_rng(3).random((1, 256, 256)).astype("float32")
+    p = xr.DataArray(values, dims=("band", "y", "x")).patch(y=64, x=64, stride=32)
+    calls = []
+
+    def fn(b):
+        calls.append(1)
+        if len(calls) == 4:
+            raise RuntimeError("model failed")
+        return b
+
+    before = threading.active_count()
+    with pytest.raises(RuntimeError, match="model failed"):
+        p.apply(fn, batch_size=5)
+    assert len(calls) == 4
+    assert threading.active_count() == before
+
+
+def test_a_failing_blend_is_raised_on_the_callers_thread(monkeypatch):
+    monkeypatch.setattr(apply_module, "worker_count", lambda: 2)
+
+    def fail(self, anchors, values):
+        raise MemoryError("blend failed")
+
+    monkeypatch.setattr(batch_blend.BatchBlend, "add", fail)
+    values = np.random.default_rng(3).random((1, 256, 256)).astype("float32")
+    p = xr.DataArray(values, dims=("band", "y", "x")).patch(y=64, x=64, stride=32)
+    with pytest.raises(MemoryError, match="blend failed"):
+        p.apply(lambda b: b, batch_size=5)
+
+
+def test_a_shared_cut_raises_the_helpers_error_and_cuts_each_patch_once():
+    cut = []
+    lock = threading.Lock()
+
+    def copy(i):
+        with lock:
+            cut.append(i)
+
+    shared = batch_blend.SharedCut(50, copy)
+    helper = threading.Thread(target=shared.help)
+    helper.start()
+    shared.run()
+    helper.join()
+    assert sorted(cut) == list(range(50))
+
+    def fail_late(i):
+        if i == 49:
+            raise OSError("copy failed")
+
+    shared = batch_blend.SharedCut(50, fail_late)
+    shared.help()  # the helper takes patch 49 first and fails
+    with pytest.raises(OSError, match="copy failed"):
+        shared.run()
