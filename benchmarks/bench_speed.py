@@ -28,8 +28,10 @@ Each time is the best of several repeats; a figure whose library is not installe
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
@@ -312,11 +314,36 @@ def figure_grain(s: Sizes) -> None:
            higher=False)  # fmt: skip
 
 
+ROWS_TAG = "ROWS "
+
+
+def run_alone(number: str, quick: bool) -> None:
+    """Run one figure in a fresh process and take its rows.
+
+    Each figure measures in a process of its own: memory that an earlier figure's
+    arrays left to glibc (or freed to the OS) changes how many fresh pages the
+    next one takes, and on these machines a fresh page costs more than the
+    arithmetic on it (the same ``apply`` took 12 or 60 ms after figure 2).
+    """
+    command = [sys.executable, os.path.abspath(__file__), "--only", number, "--rows"]
+    done = subprocess.run([*command, *(["--quick"] if quick else [])], capture_output=True,
+                          text=True, check=False)  # fmt: skip
+    for line in done.stdout.splitlines():
+        if line.startswith(ROWS_TAG):
+            rows.extend(tuple(row) for row in json.loads(line.removeprefix(ROWS_TAG)))
+        elif not line.startswith("xpatch "):  # the version line, printed once by the parent
+            print(line)
+    if done.returncode != 0:
+        print(done.stderr)
+        raise SystemExit(f"figure {number} failed ({done.returncode})")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, no heavy writes")
     parser.add_argument("--check", action="store_true", help="exit 1 on a miss by over 10x")
     parser.add_argument("--only", default=None, help="comma-separated figure numbers")
+    parser.add_argument("--rows", action="store_true", help=argparse.SUPPRESS)  # for run_alone
     args = parser.parse_args(argv)
     s = QUICK if args.quick else FULL
     import platform
@@ -333,7 +360,13 @@ def main(argv: list[str] | None = None) -> int:
         if number in ("4", "5") and not s.heavy:
             print(f"{number}. skipped in a quick run (heavy writes)")
             continue
-        figures[number](s)
+        if args.only:
+            figures[number](s)
+        else:
+            run_alone(number, args.quick)
+    if args.rows:
+        print(ROWS_TAG + json.dumps(rows))
+        return 0
     gross = [
         figure for figure, value, _, target, higher in rows
         if (value < target / 10 if higher else value > max(target, 0.1) * 10)

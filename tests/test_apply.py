@@ -201,3 +201,23 @@ def test_apply_drops_the_inputs_packing_and_keeps_its_nodata_unless_told(scene):
     assert bare.attrs == {"units": "reflectance"}
     with pytest.raises(xpatch.OptionError, match="nodata='band' must be 'input'"):
         encoded.patch(y=10, x=10).apply(lambda b: b, nodata="band")
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [lambda b: b * 2, lambda b: b, lambda b: b[::-1][::-1], lambda b: b[::-1].copy()[::-1],
+     lambda b: np.flip(b, axis=0)],
+)  # fmt: skip
+def test_results_written_over_the_patches_equal_a_fresh_stack(fn):
+    """Small patches' results go over their own patches (no second array of the group);
+    views of the batch, reversed ones included, must come out as a fresh stack does."""
+    from xpatch.core.apply import run_batches
+
+    patches = np.random.default_rng(4).random((23, 1, 4, 5))
+    expected = run_batches(patches.copy(), fn, 5, 2, (1,), np.dtype("f8"))
+    scratch = patches.copy()
+    got = run_batches(scratch, fn, 5, 2, (1,), np.dtype("f8"), into_patches=True)
+    assert got is scratch  # written in place: no fresh array
+    np.testing.assert_array_equal(got, expected)
+    other = run_batches(patches.copy(), fn, 5, 2, (1,), np.dtype("f4"), into_patches=True)
+    np.testing.assert_array_equal(other, expected.astype("f4"))  # another dtype: a new array

@@ -62,6 +62,7 @@ def run_batches(
     pad_batch: bool = False,
     out_patch: Sequence[int] | None = None,
     split: bool = False,
+    into_patches: bool = False,
 ) -> np.ndarray | list[np.ndarray]:
     """Call ``fn`` on consecutive batches of ``patches`` and stack what it returns.
 
@@ -90,6 +91,10 @@ def run_batches(
         Return each batch's result (cast) in a list instead of one stacked
         array: the compiled kernel blends batches where they are, sparing a
         copy of every prediction.
+    into_patches
+        Write each batch's results over its patches when they have the
+        declared shape and dtype (``patches`` is the caller's own scratch):
+        a batch is only valid during ``fn``'s call, as with a reused buffer.
 
     Examples
     --------
@@ -104,7 +109,15 @@ def run_batches(
     [2, 2]
     """
     patch_shape = patches.shape[patches.ndim - n_patched :] if out_patch is None else out_patch
-    out = [] if split else np.empty((len(patches), *lead_shape, *patch_shape), dtype=dtype)
+    stacked = (len(patches), *lead_shape, *patch_shape)
+    if split:
+        out = []
+    elif into_patches and patches.shape == stacked and patches.dtype == dtype:
+        # Each batch's results over its own patches, which fn is done with: fresh pages
+        # for a second array of the group cost more than the small patches' arithmetic.
+        out = patches
+    else:
+        out = np.empty(stacked, dtype=dtype)
     for start in range(0, len(patches), batch_size):
         batch = patches[start : start + batch_size]
         n = len(batch)
@@ -122,6 +135,12 @@ def run_batches(
                 "than the input's with scale={dim: factor}."
             )
         result = result[:n]
+        if result.dtype == dtype:  # no cast (the common case): no check, no errstate
+            if split:
+                out.append(result)
+            else:
+                out[start : start + n] = result
+            continue
         check_declared(result, dtype)
         with np.errstate(over="ignore", invalid="ignore"):  # checked; inf and NaN from fn pass
             if split:
@@ -226,8 +245,9 @@ def _apply_task(
             return Partial(tuple(int(o) for o in box_origin), total, valid, anchors)
     patches = extract_task(nested, crops, axes, local_anchors, size, pad_value, takes)
     predictions = run_batches(
-        patches, fn, batch_size, len(axes), lead_shape, dtype, pad_batch, out_patch
-    )
+        patches, fn, batch_size, len(axes), lead_shape, dtype, pad_batch, out_patch,
+        into_patches=True,
+    )  # fmt: skip
     del patches
     return partial_sums(
         box_origin, box_shape, anchors, predictions, window, reduce, acc, patch_weights
@@ -302,8 +322,9 @@ def apply_numpy(
         anchors, out_anchors = plan.group_anchors(g), out_plan.group_anchors(g)
         patches = extract_numpy(array, axes, anchors, plan.size, pad_value, pad_mode)
         predictions = run_batches(
-            patches, fn, batch_size, k, lead_shape, dtype, pad_batch, out_plan.size
-        )
+            patches, fn, batch_size, k, lead_shape, dtype, pad_batch, out_plan.size,
+            into_patches=True,
+        )  # fmt: skip
         del patches
         prediction_groups.append(predictions)
         anchor_groups.append(out_anchors)
@@ -355,11 +376,11 @@ def _apply_blending_batches(
                     )
                     yield out, cut_all, None  # padded: cut by numpy, here
                     continue
-                shared = SharedCut(len(batch), functools.partial(cut, batch))
+                shared = SharedCut(len(batch), functools.partial(cut, batch.tolist()))
                 yield out, functools.partial(shared_patches, shared, len(batch)), shared
 
-    def cut(batch: np.ndarray, i: int) -> None:  # the patched axes are last
-        buffer[i] = array[(..., *(slice(a, a + n) for a, n in zip(batch[i].tolist(), plan.size)))]
+    def cut(batch: list[list[int]], i: int) -> None:  # the patched axes are last
+        buffer[i] = array[(..., *[slice(a, a + n) for a, n in zip(batch[i], plan.size)])]
 
     def shared_patches(shared: SharedCut, count: int) -> np.ndarray:
         shared.run()
