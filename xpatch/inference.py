@@ -105,8 +105,10 @@ def apply(
         batch_size`` with ``pad_batch=True``). It returns ``(b, *output_dims,
         *patch)``. The batch array may be reused for the next batch: copy it
         (``batch.copy()``) if ``fn`` keeps it; returning it, or a view of it, is
-        safe. With ``boundary="pad"`` the cells past the edge are filled as
-        the patcher's ``pad_mode`` says, the same as in :meth:`patches`.
+        safe. For numpy input ``fn`` runs on the calling thread, one batch at
+        a time in patch order; for Dask input, in Dask's worker threads. With
+        ``boundary="pad"`` the cells past the edge are filled as the
+        patcher's ``pad_mode`` says, the same as in :meth:`patches`.
 
         **Padding and models that look at neighbours.** The default
         ``pad_mode="constant"`` fills float data with NaN, and a convolution

@@ -1,10 +1,11 @@
 """Sliding-window inference: cut patches, run a batched function, blend the results.
 
-:func:`apply_numpy` does it eagerly, group by group, then blends with the threaded
-overlap-add. :func:`apply_dask` builds one lazy graph in which each group of
-patches is one task (cut, ``fn`` in batches, added into the group's box) and each
-output block combines the boxes that reach it, so predictions never wait in
-memory.
+:func:`apply_numpy` does it eagerly: large 2-D patches on a grid are blended batch
+by batch as ``fn`` returns them (:mod:`xpatch.core.batch_blend`), others group by
+group, then by the threaded overlap-add. :func:`apply_dask` builds one lazy graph
+in which each group of patches is one task (cut, ``fn`` in batches, added into the
+group's box) and each output block combines the boxes that reach it, so
+predictions never wait in memory.
 """
 
 from __future__ import annotations
@@ -278,9 +279,12 @@ def apply_numpy(
 ) -> np.ndarray:
     """Sliding-window inference on a numpy array, eagerly.
 
-    Patches are cut group by group of the plan (so that at most one group of
-    patches exists at a time), ``fn`` runs on each group in batches, and the
-    predictions are blended by the threaded eager overlap-add. ``array`` holds
+    Large 2-D patches on a product grid are cut batch by batch into one reused
+    buffer and each batch is blended as ``fn`` returns it, on a second thread
+    that also helps cut (:func:`~xpatch.core.batch_blend.blend_as_they_come`).
+    Otherwise patches are cut group by group of the plan (so that at most one
+    group of patches exists at a time), ``fn`` runs on each group in batches,
+    and the predictions are blended by the threaded eager overlap-add. ``array`` holds
     its patched axes last. ``out_plan`` is the plan on the output grid when
     ``fn`` returns patches of another size (:func:`~xpatch.core.scale.scale_plan`;
     default ``plan``); ``weights``, per patch in the user's order, multiply
