@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 import xpatch  # noqa: F401 (registers .patch)
 from tests.test_kernels import reference
 from xpatch.core import apply as apply_module
-from xpatch.core import batch_blend, compiled
+from xpatch.core import batch_blend, compiled, extract
 
 pytestmark = [
     pytest.mark.skipif(not compiled.AVAILABLE, reason="the path needs numba ([fast])"),
@@ -230,3 +230,41 @@ def test_a_shared_cut_raises_the_helpers_error_and_cuts_each_patch_once():
     shared.help()  # the helper takes patch 49 first and fails
     with pytest.raises(OSError, match="copy failed"):
         shared.run()
+
+
+@st.composite
+def piece_layouts(draw):
+    """Nested pieces as a group task gets them: blocks cut by crops, some as Strips."""
+    bands = draw(st.integers(1, 2))
+    heights = draw(st.lists(st.integers(1, 9), min_size=1, max_size=3))
+    widths = draw(st.lists(st.integers(1, 9), min_size=1, max_size=3))
+    rng = np.random.default_rng(draw(st.integers(0, 2**16)))
+    crops = [[slice(None)], [], []]
+    rows = []
+    for h in heights:
+        row = []
+        for w in widths:
+            pad = draw(st.integers(0, 2)), draw(st.integers(0, 2))  # cells crops drop
+            block = rng.random((bands, h + pad[0], w + pad[1]))
+            row.append(extract.Strip(block[:, :h, :w].copy()) if draw(st.booleans()) else block)
+        rows.append(row)
+    # A block's crop keeps its first h x w cells (Strips are cut already).
+    crops[1] = [slice(0, h) for h in heights]
+    crops[2] = [slice(0, w) for w in widths]
+    size = [draw(st.integers(1, sum(heights))), draw(st.integers(1, sum(widths)))]
+    count = draw(st.integers(1, 6))
+    anchors = np.stack([rng.integers(0, sum(heights) - size[0] + 2, count),
+                        rng.integers(0, sum(widths) - size[1] + 2, count)], 1)  # fmt: skip
+    return [rows], crops, anchors, size
+
+
+@settings(max_examples=200, deadline=None)
+@given(piece_layouts())
+def test_cutting_from_the_pieces_equals_cutting_from_their_join(layout):
+    nested, crops, anchors, size = layout
+    got = extract.cut_from_pieces(nested, crops, [1, 2], anchors, size)
+    joined = extract.join_blocks(nested, crops)
+    if (anchors + size > joined.shape[1:]).any():  # past the pieces: the join pads
+        assert got is None
+        return
+    np.testing.assert_array_equal(got, extract.extract_numpy(joined, [1, 2], anchors, size))

@@ -25,6 +25,7 @@ from xpatch.core.callables import code_token
 from xpatch.core.dtypes import working_dtype
 from xpatch.core.errors import PredictionError
 from xpatch.core.extract import (
+    cut_from_pieces,
     extract_numpy,
     extract_task,
     group_reads,
@@ -231,12 +232,17 @@ def _apply_task(
         blend = BatchBlend.start(anchors, box_origin, box_shape, window.factors, False,
                                  lead_shape, working_dtype(acc, reduce, window))  # fmt: skip
         if blend is not None:  # batch by batch: the task holds one batch, never the group's
-            joined = join_input(nested, crops, takes)
+            joined = None  # made only for patches past the pieces, or padded
             for start in range(0, len(anchors), batch_size):
                 batch = slice(start, start + batch_size)
-                patches = extract_numpy(joined, axes, local_anchors[batch], size, pad_value)
+                patches = None if takes else cut_from_pieces(
+                    nested, crops, axes, local_anchors[batch], size)  # fmt: skip
+                if patches is None:
+                    if joined is None:
+                        joined = join_input(nested, crops, takes)
+                    patches = extract_numpy(joined, axes, local_anchors[batch], size, pad_value)
                 if start + batch_size >= len(anchors):
-                    joined = None  # all cut: the input's memory is free before fn runs
+                    joined = None  # all cut: its memory is free before fn runs
                 (result,) = run_batches(patches, fn, batch_size, len(axes), lead_shape, dtype,
                                         pad_batch, out_patch, True)  # fmt: skip
                 patches = None  # before the blend touches its rows

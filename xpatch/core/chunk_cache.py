@@ -318,10 +318,13 @@ def read_region(array: da.Array, axes: Sequence[int], region: Sequence[slice]) -
     blocks = dict(zip(keys, get_sync(graph, keys)))
     if len(keys) == 1:
         return np.asarray(blocks[keys[0]])
+    return concatenate3(_nest(blocks, array.name, ranges, ()))
 
-    def nest(prefix: tuple) -> list | np.ndarray:
-        if len(prefix) == array.ndim:
-            return np.asarray(blocks[(array.name, *prefix)])
-        return [nest((*prefix, b)) for b in ranges[len(prefix)]]
 
-    return concatenate3(nest(()))
+def _nest(blocks: dict, name: str, ranges: list[range], prefix: tuple) -> list | np.ndarray:
+    """Nest the blocks of ``ranges`` in lists, as ``concatenate3`` takes them."""
+    # Module-level: a closure calling itself is a reference cycle, which would keep
+    # the blocks (a region's chunks) alive until a gc pass.
+    if len(prefix) == len(ranges):
+        return np.asarray(blocks[(name, *prefix)])
+    return [_nest(blocks, name, ranges, (*prefix, b)) for b in ranges[len(prefix)]]

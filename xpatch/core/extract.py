@@ -179,6 +179,57 @@ def join_blocks(nested: list, crops: Sequence[Sequence[slice]]) -> np.ndarray:
     return concatenate3(cut(nested, 0, ()))
 
 
+def _cut_pieces(item, crops, index: tuple = ()) -> Iterator[tuple[tuple, np.ndarray]]:
+    """Each piece of ``nested`` with its position along every axis, cut to ``crops``."""
+    # A module-level generator, not a closure calling itself: such a closure is a
+    # reference cycle, and it would keep the input chunks alive until a gc pass.
+    if isinstance(item, list):
+        for i, sub in enumerate(item):
+            yield from _cut_pieces(sub, crops, (*index, i))
+    elif isinstance(item, Strip):
+        yield index, item.cells
+    else:
+        yield index, item[tuple(crops[axis][i] for axis, i in enumerate(index))]
+
+
+def cut_from_pieces(nested: list, crops, axes, anchors: np.ndarray, size) -> np.ndarray | None:
+    """``extract_numpy(join_blocks(nested, crops), axes, anchors, size)``, without the join.
+
+    Each patch is copied from the pieces it overlaps, so a task that runs ``fn``
+    in several batches holds no joined copy of its input beside the pieces (a
+    chunk's worth of memory per thread). None if a patch reaches past the pieces.
+    """
+    pieces = list(_cut_pieces(nested, crops))
+    ndim = pieces[0][1].ndim
+    lengths: list[dict[int, int]] = [{} for _ in range(ndim)]
+    for index, cells in pieces:
+        for axis, i in enumerate(index):
+            lengths[axis][i] = cells.shape[axis]
+    starts = [np.cumsum([0] + [n[i] for i in range(len(n))]).tolist() for n in lengths]
+    extent = [s[-1] for s in starts]
+    anchors = np.asarray(anchors)
+    inside = [extent[axis] for axis in axes]
+    if not len(anchors) or (anchors < 0).any() or (anchors + size > inside).any():
+        return None
+    shape = list(extent)
+    for axis, n in zip(axes, size):
+        shape[axis] = n
+    out = np.empty((len(anchors), *shape), dtype=pieces[0][1].dtype)
+    for p, row in enumerate(anchors.tolist()):
+        lo, hi = [0] * ndim, list(extent)
+        for axis, start, n in zip(axes, row, size):
+            lo[axis], hi[axis] = start, start + n
+        for index, cells in pieces:
+            begin = [starts[axis][i] for axis, i in enumerate(index)]
+            first = [max(a, b) for a, b in zip(lo, begin)]
+            last = [min(a, b + n) for a, b, n in zip(hi, begin, cells.shape)]
+            if all(f < e for f, e in zip(first, last)):
+                source = tuple(slice(f - b, e - b) for f, e, b in zip(first, last, begin))
+                target = tuple(slice(f - low, e - low) for f, e, low in zip(first, last, lo))
+                out[(p, *target)] = cells[source]
+    return out
+
+
 def join_input(nested: list, crops, takes=()) -> np.ndarray:
     """Join the input pieces a group reads (:func:`join_blocks`), padded as ``takes`` say.
 
