@@ -219,6 +219,20 @@ def inspect_kill(path: Path, fmt: str, reference: dict) -> tuple[str, int]:
     return json.loads(record.read_text())["state"], markers(path, fmt)
 
 
+def wait_for_state(path: Path, fmt: str, state: str, writer: Writer, timeout: float = 60.0):
+    """Poll the output's record until it says ``state``; return when it did."""
+    record = record_folder(path, fmt) / "record.json"
+    deadline = time.perf_counter() + timeout
+    while time.perf_counter() < deadline and writer.process.poll() is None:
+        try:
+            if json.loads(record.read_text())["state"] == state:
+                return time.perf_counter()
+        except (FileNotFoundError, json.JSONDecodeError, KeyError):
+            pass  # not written yet, or caught mid-write
+        time.sleep(0.002)
+    raise AssertionError(f"the writer's record never said {state!r}")
+
+
 def rerun(path: Path, fmt: str, state: str, found: int) -> Outcome:
     lazy = crash_writer.result("a", geo=fmt == "geotiff")
     if (record_folder(path, fmt) / "lock.json").exists():
@@ -436,12 +450,19 @@ def test_reruns_killed_in_turn_still_converge_to_the_output(fmt, tmp_path, refer
     path = tmp_path / f"o{SUFFIX[fmt]}"
     reference = references(fmt)
     rng = np.random.default_rng([4, len(fmt)])
-    delays = rng.uniform(0.3, 0.6, 3) * timeline(fmt)["done"] * np.array([1.0, 0.6, 0.3])
+    times = timeline(fmt)
+    delays = rng.uniform(0.3, 0.6, 3) * times["done"] * np.array([1.0, 0.6, 0.3])
     writers = [Writer(path, fmt, "--break-lock") for _ in delays]
     states = []
     try:
-        for writer, delay in zip(writers, delays):
+        for number, (writer, delay) in enumerate(zip(writers, delays)):
             start = writer.go()
+            if number == 0:
+                # The first kill lands in the write itself, timed from when the record
+                # says so: a delay from the start alone missed it when the writer ran
+                # faster than the timeline measured (a noisy machine).
+                start = wait_for_state(path, fmt, "writing", writer)
+                delay = rng.uniform(0.3, 0.6) * (times["finishing"] - times["writing"])
             time.sleep(max(0.0, start + delay - time.perf_counter()))
             writer.signal(signal.SIGKILL)
             code, _, err = writer.wait()
