@@ -137,18 +137,14 @@ def run_batches(
                 "than the input's with scale={dim: factor}."
             )
         result = result[:n]
-        if result.dtype == dtype:  # no cast (the common case): no check, no errstate
-            if split:
-                out.append(result)
-            else:
-                out[start : start + n] = result
-            continue
-        check_declared(result, dtype)
-        with np.errstate(over="ignore", invalid="ignore"):  # checked; inf and NaN from fn pass
-            if split:
-                out.append(result.astype(dtype, copy=False))
-            else:
-                out[start : start + n] = result
+        if result.dtype != dtype:  # the common case, no cast, skips the check and errstate
+            check_declared(result, dtype)
+            with np.errstate(over="ignore", invalid="ignore"):  # checked; inf and NaN pass
+                result = result.astype(dtype)
+        if split:
+            out.append(result)
+        else:
+            out[start : start + n] = result
     return out
 
 

@@ -108,8 +108,8 @@ class BatchBlend:
     ) -> tuple[np.ndarray, np.ndarray | None]:
         """Return the sums on the box and, if some value was NaN, the valid values' Σw there."""
         self._zero_to(self.total.shape[-2])  # rows no patch reached
-        total = self.box.cut(self.total, origin, box_shape, False)
-        valid = None if self.valid is None else self.box.cut(self.valid, origin, box_shape, False)
+        total = self.box.cut(self.total, origin, box_shape)
+        valid = None if self.valid is None else self.box.cut(self.valid, origin, box_shape)
         return total, valid
 
     def reduced(self, origin: Sequence[int], box_shape: Sequence[int]) -> np.ndarray:
@@ -118,10 +118,10 @@ class BatchBlend:
         Where no valid value landed (or no patch), NaN. Without NaN the blend's
         weights say whether it is a mean (``normalise``) or a sum.
         """
-        if self.valid is None:
-            self._zero_to(self.total.shape[-2])
-            return self.box.cut(self.total, origin, box_shape, True)
         total, valid = self.finish(origin, box_shape)
+        if valid is None:
+            self.box.mark_uncovered(total, origin, box_shape)
+            return total
         landed = valid > 0
         if self.box.normalised:
             with np.errstate(invalid="ignore", divide="ignore"):

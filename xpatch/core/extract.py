@@ -141,27 +141,6 @@ def extract_numpy(
     return np.ascontiguousarray(stacked.transpose(order))
 
 
-def extract_into(
-    array: np.ndarray, axes: Sequence[int], anchors: np.ndarray, size: Sequence[int], out
-) -> np.ndarray | None:
-    """Copy the patches at ``anchors`` into ``out[:n]``, patch by patch; None if one overhangs.
-
-    For large patches, where a copy per patch costs nothing next to its bytes: a
-    reused ``out`` (a batch buffer) takes no fresh pages, which an array cut anew
-    for every batch does. ``out`` is ``(>= n, *carried, *patch)``.
-    """
-    anchors = np.asarray(anchors)
-    shape = np.asarray([array.shape[ax] for ax in axes])
-    if len(anchors) > len(out) or (anchors < 0).any() or (anchors + size > shape).any():
-        return None
-    carried = [ax for ax in range(array.ndim) if ax not in axes]
-    front = np.moveaxis(array, [*carried, *axes], list(range(array.ndim)))
-    lead = (slice(None),) * len(carried)
-    for i, row in enumerate(anchors.tolist()):
-        out[i] = front[(*lead, *(slice(a, a + n) for a, n in zip(row, size)))]
-    return out[: len(anchors)]
-
-
 def join_blocks(nested: list, crops: Sequence[Sequence[slice]]) -> np.ndarray:
     """Concatenate nested blocks, each cut to ``crops[axis][position]`` first.
 
@@ -172,9 +151,7 @@ def join_blocks(nested: list, crops: Sequence[Sequence[slice]]) -> np.ndarray:
     def cut(item, depth: int, index: tuple) -> Any:
         if isinstance(item, list):
             return [cut(sub, depth + 1, (*index, i)) for i, sub in enumerate(item)]
-        if isinstance(item, Strip):  # cut already, by the block's strips task
-            return item.cells
-        return item[tuple(crops[axis][i] for axis, i in enumerate(index))]
+        return _cut_piece(item, crops, index)
 
     return concatenate3(cut(nested, 0, ()))
 
@@ -186,10 +163,15 @@ def _cut_pieces(item, crops, index: tuple = ()) -> Iterator[tuple[tuple, np.ndar
     if isinstance(item, list):
         for i, sub in enumerate(item):
             yield from _cut_pieces(sub, crops, (*index, i))
-    elif isinstance(item, Strip):
-        yield index, item.cells
     else:
-        yield index, item[tuple(crops[axis][i] for axis, i in enumerate(index))]
+        yield index, _cut_piece(item, crops, index)
+
+
+def _cut_piece(item, crops, index: tuple) -> np.ndarray:
+    """Return the cells of one piece that a read needs: its crop, or a Strip's cells."""
+    if isinstance(item, Strip):  # cut already, by the block's strips task
+        return item.cells
+    return item[tuple(crops[axis][i] for axis, i in enumerate(index))]
 
 
 def cut_from_pieces(nested: list, crops, axes, anchors: np.ndarray, size) -> np.ndarray | None:

@@ -344,9 +344,12 @@ def lattice_overlap_add(
     finally:
         if pool is not None:
             pool.shutdown()
+    out = box.cut(out, origin, box_shape)
     if np.issubdtype(out.dtype, np.inexact) and np.isnan(out).any():
         return None
-    return box.cut(out, origin, box_shape, nan_uncovered)
+    if nan_uncovered:
+        box.mark_uncovered(out, origin, box_shape)
+    return out
 
 
 class LatticeBox(NamedTuple):
@@ -387,19 +390,20 @@ class LatticeBox(NamedTuple):
         rows = tuple(np.searchsorted(s, anchors[:, j]) for j, s in enumerate(self.starts))
         compiled.blend_patches(out, tuple(self.lo), anchors, values, rows, self.weights, pool)
 
-    def cut(
-        self, out: np.ndarray, origin: Sequence[int], box_shape: Sequence[int], nan_uncovered: bool
-    ) -> np.ndarray:
-        """``out`` cut to the box (a copy if it reaches past it), uncovered cells NaN if asked."""
-        lo = self.lo
+    def cut(self, out: np.ndarray, origin: Sequence[int], box_shape: Sequence[int]) -> np.ndarray:
+        """``out`` cut to the box (a copy if it reaches past it)."""
         box = (Ellipsis, *(slice(int(o) - low, int(o) - low + int(n))
-                           for o, low, n in zip(origin, lo, box_shape)))  # fmt: skip
-        if list(lo) != [int(o) for o in origin] or self.extent != [int(n) for n in box_shape]:
+                           for o, low, n in zip(origin, self.lo, box_shape)))  # fmt: skip
+        if list(self.lo) != [int(o) for o in origin] or self.extent != [int(n) for n in box_shape]:
             out = out[box].copy()
-        if nan_uncovered:
-            # Σw is a product: a cell is covered where every axis' sum is > 0.
-            axes = [s[int(o) - low : int(o) - low + int(n)] > 0
-                    for s, o, low, n in zip(self.sums, origin, lo, box_shape)]  # fmt: skip
-            if not all(a.all() for a in axes):
-                out[..., ~functools.reduce(np.logical_and.outer, axes)] = np.nan
         return out
+
+    def mark_uncovered(
+        self, out: np.ndarray, origin: Sequence[int], box_shape: Sequence[int]
+    ) -> None:
+        """Set the cells of ``out`` (cut to the box) that no patch covers to NaN."""
+        # Σw is a product: a cell is covered where every axis' sum is > 0.
+        axes = [s[int(o) - low : int(o) - low + int(n)] > 0
+                for s, o, low, n in zip(self.sums, origin, self.lo, box_shape)]  # fmt: skip
+        if not all(a.all() for a in axes):
+            out[..., ~functools.reduce(np.logical_and.outer, axes)] = np.nan
