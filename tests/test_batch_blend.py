@@ -1,14 +1,21 @@
-"""Eager ``apply`` blending each batch as ``fn`` returns it (xpatch/core/batch_blend.py).
+"""``apply`` blending each batch as ``fn`` returns it (xpatch/core/batch_blend.py).
 
-Large 2-D patches on a regular grid take this path when numba is installed. It must
-give the brute-force reference (NaN skipped, borders included), the same values as
-the lazy path, the same bits with and without its second thread, and it must stop
-cleanly when ``fn`` or a cut fails.
+Large 2-D patches on a regular grid take this path: eagerly with numba's kernel
+(where numba is installed), and in dask tasks with its numpy twin, which must give
+the same bits and never load numba. The path must give the brute-force reference
+(NaN skipped, borders included), the same values eagerly and lazily, the same bits
+with and without its second thread, and it must stop cleanly when ``fn`` or a cut
+fails.
 """
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
 import threading
+import time
+import weakref
 from unittest import mock
 
 import dask.array as dsa
@@ -21,12 +28,11 @@ from hypothesis import strategies as st
 import xpatch  # noqa: F401 (registers .patch)
 from tests.test_kernels import reference
 from xpatch.core import apply as apply_module
-from xpatch.core import batch_blend, compiled, extract
+from xpatch.core import batch_blend, compiled, extract, lattice
 
-pytestmark = [
-    pytest.mark.skipif(not compiled.AVAILABLE, reason="the path needs numba ([fast])"),
-    pytest.mark.filterwarnings("ignore::xpatch.UncoveredCellsWarning"),  # gaps on purpose
-]
+pytestmark = pytest.mark.filterwarnings("ignore::xpatch.UncoveredCellsWarning")  # gaps on purpose
+#: The eager path blends batch by batch with numba's kernel (whole groups without it).
+needs_numba = pytest.mark.skipif(not compiled.AVAILABLE, reason="the eager path needs numba")
 
 
 def anchors_of(p) -> np.ndarray:
@@ -61,6 +67,7 @@ def layouts(draw):
     return size, stride, grid, boundary, bands, batch, window, reduce, nan_patches, seed
 
 
+@needs_numba
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(layouts())
 def test_batch_blending_equals_the_reference_and_the_lazy_path(case):
@@ -99,6 +106,7 @@ def test_batch_blending_equals_the_reference_and_the_lazy_path(case):
         np.testing.assert_allclose(eager, expected, rtol=2e-5, atol=1e-6, equal_nan=True)
 
 
+@needs_numba
 def test_the_path_is_taken_batch_by_batch_and_nan_is_skipped_not_spread(monkeypatch):
     sizes = counting_adds(monkeypatch)
     values = np.random.default_rng(1).random((1, 200, 200)).astype("float32")
@@ -125,6 +133,7 @@ def test_the_path_is_taken_batch_by_batch_and_nan_is_skipped_not_spread(monkeypa
     assert 0 < np.isnan(got).sum() == np.isnan(expected).sum() < 64 * 64
 
 
+@needs_numba
 def test_cells_only_nan_reaches_are_nan(monkeypatch):
     sizes = counting_adds(monkeypatch)
     values = np.ones((1, 128, 192), dtype="float32")
@@ -140,6 +149,7 @@ def test_cells_only_nan_reaches_are_nan(monkeypatch):
     assert sizes == [2, 2, 2]
 
 
+@needs_numba
 @pytest.mark.parametrize("reduce", ["mean", "sum"])
 def test_the_second_thread_changes_no_bit(monkeypatch, reduce):
     values = np.random.default_rng(2).random((2, 333, 301)).astype("float32")
@@ -159,6 +169,7 @@ def test_the_second_thread_changes_no_bit(monkeypatch, reduce):
                                rtol=1e-5, atol=1e-6)  # fmt: skip
 
 
+@needs_numba
 def test_fn_is_called_on_the_callers_thread_in_order(monkeypatch):
     monkeypatch.setattr(apply_module, "worker_count", lambda: 2)
     values = np.arange(256 * 256, dtype="float32").reshape(1, 256, 256)
@@ -175,6 +186,7 @@ def test_fn_is_called_on_the_callers_thread_in_order(monkeypatch):
     assert corners == [values[0, y, x] for y, x in anchors_of(p)]
 
 
+@needs_numba
 def test_a_failing_fn_stops_the_run_and_leaves_no_thread(monkeypatch):
     monkeypatch.setattr(apply_module, "worker_count", lambda: 2)
     values = np.random.default_rng(3).random((1, 256, 256)).astype("float32")
@@ -194,6 +206,7 @@ def test_a_failing_fn_stops_the_run_and_leaves_no_thread(monkeypatch):
     assert threading.active_count() == before
 
 
+@needs_numba
 def test_a_failing_blend_is_raised_on_the_callers_thread(monkeypatch):
     monkeypatch.setattr(apply_module, "worker_count", lambda: 2)
 
@@ -268,3 +281,101 @@ def test_cutting_from_the_pieces_equals_cutting_from_their_join(layout):
         assert got is None
         return
     np.testing.assert_array_equal(got, extract.extract_numpy(joined, [1, 2], anchors, size))
+
+
+@st.composite
+def kernel_cases(draw):
+    """Batches of a 2-D lattice's patches, in any order, of any dtype the kernel reads."""
+    size = [draw(st.integers(1, 12)), draw(st.integers(1, 12))]
+    stride = [draw(st.integers(1, s + 3)) for s in size]
+    counts = [draw(st.integers(1, 5)), draw(st.integers(1, 5))]
+    origin = [draw(st.integers(-4, 4)), draw(st.integers(-4, 4))]
+    box_shape = [draw(st.integers(1, 40)), draw(st.integers(1, 40))]
+    lead = draw(st.sampled_from([(), (1,), (3,), (2, 2)]))
+    values = draw(st.sampled_from(["f4", "f8", "u1", "i2", "i4", "i8"]))
+    sums = draw(st.sampled_from(["f4", "f8"]))
+    normalise = draw(st.booleans())
+    batches = draw(st.integers(1, 4))
+    seed = draw(st.integers(0, 2**16))
+    return size, stride, counts, origin, box_shape, lead, values, sums, normalise, batches, seed
+
+
+@needs_numba
+@settings(max_examples=150, deadline=None)
+@given(kernel_cases())
+def test_the_numpy_kernel_gives_the_compiled_kernels_bits(case):
+    size, stride, counts, origin, box_shape, lead, values, sums, normalise, batches, seed = case
+    rng = np.random.default_rng(seed)
+    starts = [np.arange(c) * s for c, s in zip(counts, stride)]
+    anchors = np.array([[y, x] for y in starts[0] for x in starts[1]])
+    factors = [rng.random(n) + 0.1 for n in size]
+    box = lattice.LatticeBox.around(starts, origin, box_shape, factors, normalise)
+    predictions = (rng.random((len(anchors), *lead, *size)) * 200 - 50).astype(values)
+    if np.dtype(values).kind == "u":
+        predictions = np.abs(predictions)
+    order = rng.permutation(len(anchors))
+    out = {}
+    for kernel in ("compiled", "numpy"):
+        target = np.zeros((*lead, *box.extent), dtype=sums)
+        for batch in np.array_split(order, batches):
+            box.blend(target, anchors[batch], predictions[batch], kernel=kernel)
+        out[kernel] = target
+    np.testing.assert_array_equal(out["numpy"], out["compiled"])
+    assert np.any(out["numpy"] != 0)  # the patches landed
+
+
+def test_a_dask_write_of_large_patches_never_loads_numba(tmp_path):
+    """Dask tasks blend with numpy: numba's LLVM would cost each process ~105 MiB."""
+    out = tmp_path / "out.zarr"
+    script = textwrap.dedent(f"""
+        import sys
+        import dask.array as da
+        import numpy as np
+        import xarray as xr
+        import xpatch
+
+        values = np.random.default_rng(0).random((2, 300, 300)).astype("float32")
+        lazy = xr.DataArray(da.from_array(values, chunks=(2, 100, 100)),
+                            dims=("band", "y", "x"), name="data")
+        p = lazy.patch(y=64, x=64, stride=48, window="hann")
+        xpatch.write(p.apply(lambda b: b * 2, batch_size=4), {str(out)!r}, progress=False)
+        print("numba" in sys.modules)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          check=True)  # fmt: skip
+    assert done.stdout.strip() == "False", done.stderr
+    values = np.random.default_rng(0).random((2, 300, 300)).astype("float32")
+    p = xr.DataArray(values, dims=("band", "y", "x")).patch(y=64, x=64, stride=48, window="hann")
+    expected = p.apply(lambda b: b * 2, batch_size=4)
+    np.testing.assert_allclose(
+        xr.open_zarr(out)["data"].values, expected.values, rtol=1e-6, equal_nan=True
+    )
+
+
+@needs_numba
+def test_a_slow_blend_holds_at_most_two_batches_of_results(monkeypatch):
+    """fn may run ahead of the blending thread by one batch, not more."""
+    monkeypatch.setattr(apply_module, "worker_count", lambda: 2)
+    original = batch_blend.BatchBlend.add
+
+    def slow_add(self, anchors, values):
+        time.sleep(0.01)
+        return original(self, anchors, values)
+
+    monkeypatch.setattr(batch_blend.BatchBlend, "add", slow_add)
+    alive, most = [0], [0]
+    lock = threading.Lock()
+
+    def fn(b):
+        out = b * 2
+        with lock:
+            alive[0] += 1
+            most[0] = max(most[0], alive[0])
+        weakref.finalize(out, lambda: alive.__setitem__(0, alive[0] - 1))
+        return out
+
+    values = np.random.default_rng(7).random((1, 320, 320)).astype("float32")
+    p = xr.DataArray(values, dims=("band", "y", "x")).patch(y=64, x=64, stride=32)
+    got = p.apply(fn, batch_size=3).values
+    np.testing.assert_allclose(got, values * 2, rtol=1e-6)
+    assert len(p) // 3 > 10 and most[0] <= 2

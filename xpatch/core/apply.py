@@ -20,7 +20,12 @@ from dask.base import tokenize
 from dask.highlevelgraph import HighLevelGraph
 from dask.utils import parse_bytes
 
-from xpatch.core.batch_blend import BatchBlend, SharedCut, blend_as_they_come
+from xpatch.core.batch_blend import (
+    BatchBlend,
+    SharedCut,
+    batch_kernel,
+    blend_as_they_come,
+)
 from xpatch.core.callables import code_token
 from xpatch.core.dtypes import working_dtype
 from xpatch.core.errors import PredictionError
@@ -35,7 +40,6 @@ from xpatch.core.extract import (
 from xpatch.core.overlap_add import (
     BlendWindow,
     Reduction,
-    blends_batches,
     overlap_add_groups,
     worker_count,
 )
@@ -224,9 +228,11 @@ def _apply_task(
     patch_weights=None,
 ) -> Partial:  # fmt: skip
     cells = int(np.prod([*lead_shape, *(out_patch or size)], dtype=np.int64))
-    if patch_weights is None and blends_batches(reduce, acc, window, dtype, cells):
+    kernel = batch_kernel(reduce, acc, window, dtype, cells, in_task=True)
+    if patch_weights is None and kernel is not None:
+        sums = working_dtype(acc, reduce, window)
         blend = BatchBlend.start(anchors, box_origin, box_shape, window.factors, False,
-                                 lead_shape, working_dtype(acc, reduce, window))  # fmt: skip
+                                 lead_shape, sums, kernel)  # fmt: skip
         if blend is not None:  # batch by batch: the task holds one batch, never the group's
             joined = None  # made only for patches past the pieces, or padded
             for start in range(0, len(anchors), batch_size):
@@ -314,12 +320,11 @@ def apply_numpy(
     axes = list(range(array.ndim - k, array.ndim))
     acc = weighted_result_dtype(dtype, reduce, window, out_plan, weights is not None)
     patch_cells = int(np.prod([*lead_shape, *out_plan.size], dtype=np.int64))
-    split = weights is None and blends_batches(reduce, acc, BlendWindow.of(window), dtype,
-                                               patch_cells)  # fmt: skip
-    if split:
+    kernel = batch_kernel(reduce, acc, BlendWindow.of(window), dtype, patch_cells, in_task=False)
+    if weights is None and kernel is not None:
         blended = _apply_blending_batches(
             array, plan, out_plan, pad_value, pad_mode, fn, batch_size, lead_shape, dtype,
-            pad_batch, BlendWindow.of(window), reduce, acc,
+            pad_batch, BlendWindow.of(window), reduce, acc, kernel,
         )  # fmt: skip
         if blended is not None:
             return blended
@@ -346,7 +351,7 @@ def apply_numpy(
 
 def _apply_blending_batches(
     array, plan, out_plan, pad_value, pad_mode, fn, batch_size, lead_shape, dtype, pad_batch,
-    window, reduce, acc,
+    window, reduce, acc, kernel,
 ) -> np.ndarray | None:  # fmt: skip
     """:func:`apply_numpy` blending each batch as ``fn`` returns it; None off a product grid.
 
@@ -359,7 +364,7 @@ def _apply_blending_batches(
     out_anchors = [out_plan.group_anchors(g) for g in groups]
     blend = BatchBlend.start(
         np.concatenate(out_anchors), [0] * k, out_plan.grid.shape, window.factors,
-        reduce == "mean", lead_shape, working_dtype(acc, reduce, window),
+        reduce == "mean", lead_shape, working_dtype(acc, reduce, window), kernel,
     )  # fmt: skip
     if blend is None:
         return None

@@ -1,10 +1,13 @@
 """Blend ``apply``'s batches as ``fn`` returns them, so that no prediction waits in memory.
 
-A batch is added into the output by the compiled kernel (:mod:`xpatch.core.compiled`)
-right after ``fn`` returns it, and then dropped: ``fn``'s next result reuses its
-memory instead of taking fresh pages (on these machines a fresh page costs more than
-the arithmetic on it: keeping 32 MiB of predictions made ``b * 2`` 10x slower), and
-a task holds one batch, not its group's predictions.
+A batch is added into the output right after ``fn`` returns it, and then dropped:
+``fn``'s next result reuses its memory instead of taking fresh pages (on these
+machines a fresh page costs more than the arithmetic on it: keeping 32 MiB of
+predictions made ``b * 2`` 10x slower), and a task holds one batch, not its group's
+predictions. Eager arrays are blended by numba's compiled kernel
+(:mod:`xpatch.core.compiled`), dask tasks by its numpy twin
+(:func:`~xpatch.core.lattice.blend_patches_numpy`), to the same bits:
+:func:`batch_kernel` says why.
 
 NaN in a prediction is skipped, as everywhere else (:mod:`xpatch.core.overlap_add`):
 from the first batch that holds one, the valid values' Σw is tracked beside the sums,
@@ -19,7 +22,46 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
-from xpatch.core.lattice import LatticeBox, covering_starts
+from xpatch.core import compiled
+from xpatch.core.dtypes import working_dtype
+from xpatch.core.lattice import Kernel, LatticeBox, covering_starts
+from xpatch.core.windows import BlendWindow
+
+#: Smallest patch (cells times lead) whose batches ``apply`` blends one by one.
+BATCH_BLEND_CELLS = 4096
+
+
+def batch_kernel(
+    reduce: str, acc: np.dtype, window: BlendWindow, values: np.dtype, patch_cells: int,
+    in_task: bool,
+) -> Kernel | None:  # fmt: skip
+    """Choose the kernel that blends ``apply``'s batches one by one, or None for whole groups.
+
+    Batches are blended where they are for a float mean or sum with a separable
+    2-D window, of large patches only (:data:`BATCH_BLEND_CELLS`): small ones cost
+    more per batch than the copy of their predictions that a whole group spares.
+    Per-patch weights take the other path (the callers check them).
+
+    In dask tasks the kernel is numpy's: there the blend is a small part of a task
+    (reading, computing and storing chunks take the rest: a 1 GiB write took
+    6.2-6.5 s with it and 6.6-7.0 s with numba's), and loading numba's LLVM adds
+    about 105 MiB to every process that runs the tasks (122 -> 227 MiB), a quarter
+    of a 400 MiB budget. Eager arrays take numba's, where it is installed; without
+    it they keep whole groups, whose blend two threads share (19-21 ms against
+    22 ms for a 2048² ``apply``). Both kernels give the same bits.
+    """
+    if not (
+        patch_cells >= BATCH_BLEND_CELLS
+        and reduce in ("mean", "sum")
+        and np.dtype(acc).kind == "f"
+        and window.factors is not None
+        and window.values.ndim == 2
+    ):
+        return None
+    if in_task:
+        return "numpy"
+    sums = working_dtype(acc, reduce, window)
+    return "compiled" if compiled.supports(values) and compiled.supports(sums) else None
 
 
 class BatchBlend:
@@ -37,11 +79,13 @@ class BatchBlend:
         Fold Σw into the weights (a ``"mean"``): the sums are the weighted mean.
     lead, dtype
         The predictions' non-patched shape, and the dtype of the sums.
+    kernel
+        Which code adds the batches (:func:`batch_kernel`); the bits are the same.
 
     Examples
     --------
     >>> blend = BatchBlend.start(np.array([[0, 0], [0, 2]]), [0, 0], [2, 6],
-    ...                          [np.ones(2), np.ones(4)], True, (), np.dtype("f8"))
+    ...                          [np.ones(2), np.ones(4)], True, (), np.dtype("f8"), "numpy")
     >>> blend.add(np.array([[0, 0]]), np.ones((1, 2, 4)))
     >>> blend.add(np.array([[0, 2]]), np.full((1, 2, 4), 3.0))
     >>> total, valid = blend.finish([0, 0], [2, 6])
@@ -49,8 +93,11 @@ class BatchBlend:
     ([1.0, 1.0, 2.0, 2.0, 3.0, 3.0], None)
     """
 
-    def __init__(self, box: LatticeBox, lead: Sequence[int], dtype: np.dtype) -> None:
+    def __init__(
+        self, box: LatticeBox, lead: Sequence[int], dtype: np.dtype, kernel: Kernel
+    ) -> None:
         self.box = box
+        self.kernel = kernel
         self.lead = len(lead)
         # Zeroed a band of rows at a time, just before the first batch that reaches
         # it: those rows are then in cache for the blend, and a zeroing pass of the
@@ -70,13 +117,15 @@ class BatchBlend:
         normalise: bool,
         lead: Sequence[int],
         dtype: np.dtype,
+        kernel: Kernel,
     ) -> BatchBlend | None:
         """Start a blend into the box; None if ``anchors`` are no product grid."""
         anchors = np.asarray(anchors, dtype=np.int64).reshape(-1, 2)
         starts = covering_starts(anchors) if len(anchors) else None
         if starts is None:
             return None
-        return cls(LatticeBox.around(starts, origin, box_shape, factors, normalise), lead, dtype)
+        box = LatticeBox.around(starts, origin, box_shape, factors, normalise)
+        return cls(box, lead, dtype, kernel)
 
     def _zero_to(self, row: int) -> None:
         if row > self.zeroed:
@@ -90,18 +139,19 @@ class BatchBlend:
             return
         self._zero_to(int(anchors[:, 0].max()) - self.box.lo[0] + values.shape[-2])
         if self.valid is None and not _holds_nan(values):
-            self.box.blend(self.total, anchors, values)
+            self.box.blend(self.total, anchors, values, kernel=self.kernel)
             self.blended.append(anchors)
             return
         if self.valid is None:
             self.valid = np.zeros(self.total.shape, dtype=np.float64)
             for earlier in self.blended:
                 ones = np.ones((len(earlier), *values.shape[1:]), dtype=np.float64)
-                self.box.blend(self.valid, earlier, ones)
+                self.box.blend(self.valid, earlier, ones, kernel=self.kernel)
             self.blended = []
         missing = np.isnan(values)
-        self.box.blend(self.total, anchors, np.where(missing, 0, values))
-        self.box.blend(self.valid, anchors, (~missing).astype(np.float64))
+        self.box.blend(self.total, anchors, np.where(missing, 0, values),
+                       kernel=self.kernel)  # fmt: skip
+        self.box.blend(self.valid, anchors, (~missing).astype(np.float64), kernel=self.kernel)
 
     def finish(
         self, origin: Sequence[int], box_shape: Sequence[int]
@@ -210,10 +260,10 @@ def blend_as_they_come(
             if shared is not None:
                 pending.append(blender.submit(shared.help))
             result = run(patches())
+            # The previous batch's blend ends before this one's starts: at most two
+            # batches of results exist, however much slower than fn the blend is.
             for future in pending:
-                if future.done():
-                    future.result()  # a failed blend stops the run here
-            pending = [f for f in pending if not f.done()]
-            pending.append(blender.submit(blend.add, anchors, result))
+                future.result()  # a failed blend stops the run here
+            pending = [blender.submit(blend.add, anchors, result)]
         for future in pending:
             future.result()

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
@@ -34,6 +34,10 @@ MAX_RUNS = 16
 
 #: Bytes of predictions handled per numpy call: a piece stays in cache.
 CHUNK_BYTES = 512 * 2**10
+
+#: Which code adds a batch of patches (:meth:`LatticeBox.blend`): numba's compiled
+#: kernel, or its numpy twin (:func:`blend_patches_numpy`), which gives the same bits.
+Kernel = Literal["compiled", "numpy"]
 
 
 def product_starts(anchors: np.ndarray) -> list[np.ndarray] | None:
@@ -385,10 +389,23 @@ class LatticeBox(NamedTuple):
         weights, sums = lattice_weights(starts, factors, lo, extent, normalise)
         return cls(list(starts), lo, extent, weights, sums, normalise)
 
-    def blend(self, out: np.ndarray, anchors: np.ndarray, values: np.ndarray, pool=None) -> None:
-        """Add 2-D patches (any of the grid's, any order) into ``out`` with the compiled kernel."""
+    def blend(
+        self,
+        out: np.ndarray,
+        anchors: np.ndarray,
+        values: np.ndarray,
+        pool: compiled.Pool | None = None,
+        kernel: Kernel = "compiled",
+    ) -> None:
+        """Add 2-D patches (any of the grid's, any order) into ``out`` with ``kernel``.
+
+        The numpy kernel runs on the calling thread (``pool`` is the compiled one's).
+        """
         rows = tuple(np.searchsorted(s, anchors[:, j]) for j, s in enumerate(self.starts))
-        compiled.blend_patches(out, tuple(self.lo), anchors, values, rows, self.weights, pool)
+        if kernel == "compiled":
+            compiled.blend_patches(out, tuple(self.lo), anchors, values, rows, self.weights, pool)
+        else:
+            blend_patches_numpy(out, tuple(self.lo), anchors, values, rows, self.weights)
 
     def cut(self, out: np.ndarray, origin: Sequence[int], box_shape: Sequence[int]) -> np.ndarray:
         """``out`` cut to the box (a copy if it reaches past it)."""
@@ -407,3 +424,40 @@ class LatticeBox(NamedTuple):
                 for s, o, low, n in zip(self.sums, origin, self.lo, box_shape)]  # fmt: skip
         if not all(a.all() for a in axes):
             out[..., ~functools.reduce(np.logical_and.outer, axes)] = np.nan
+
+
+def blend_patches_numpy(
+    out: np.ndarray,
+    origin: tuple[int, int],
+    anchors: np.ndarray,
+    values: np.ndarray,
+    rows: tuple[np.ndarray, np.ndarray],
+    axis_weights: Sequence[np.ndarray],
+) -> None:
+    """:func:`~xpatch.core.compiled.blend_patches` in numpy, to the same bits.
+
+    Each cell gets ``value * (row_weight * column_weight)`` added, the weights
+    rounded to ``out``'s dtype and the patches in the given order, as the compiled
+    kernel does. Two passes over each patch and band: one into a scratch that
+    stays in cache, one adding it.
+
+    Examples
+    --------
+    >>> out = np.zeros((1, 3, 4))
+    >>> weights = [np.array([[1.0, 0.5]]), np.array([[1.0, 1.0, 2.0]])]
+    >>> blend_patches_numpy(out, (0, 0), np.array([[1, 1]]), np.ones((1, 1, 2, 3)),
+    ...                     (np.array([0]), np.array([0])), weights)
+    >>> out[0].tolist()
+    [[0.0, 0.0, 0.0, 0.0], [0.0, 1.0, 1.0, 2.0], [0.0, 0.5, 0.5, 1.0]]
+    """
+    weights_y, weights_x = (np.asarray(w, dtype=out.dtype) for w in axis_weights)
+    size_y, size_x = values.shape[-2:]
+    lead = values.shape[1:-2]
+    scratch = np.empty((size_y, size_x), dtype=np.result_type(values.dtype, out.dtype))
+    for p in range(len(anchors)):
+        y0, x0 = int(anchors[p, 0]) - origin[0], int(anchors[p, 1]) - origin[1]
+        weight = np.multiply.outer(weights_y[rows[0][p]], weights_x[rows[1][p]])
+        for band in np.ndindex(*lead):
+            np.multiply(values[(p, *band)], weight, out=scratch)
+            target = out[(*band, slice(y0, y0 + size_y), slice(x0, x0 + size_x))]
+            np.add(target, scratch, out=target)

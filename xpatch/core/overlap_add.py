@@ -459,27 +459,6 @@ def on_lattice(
     )
 
 
-#: Smallest patch (cells times lead) whose batches ``apply`` blends one by one.
-BATCH_BLEND_CELLS = 4096
-
-
-def blends_batches(
-    reduce: str, acc: np.dtype, window: BlendWindow, dtype: np.dtype, patch_cells: int
-) -> bool:
-    """Whether the compiled kernel will blend ``apply``'s batches where they are (2-D lattices).
-
-    For large patches only (:data:`BATCH_BLEND_CELLS`): small ones cost more per
-    batch than the copy of their predictions that a whole group spares.
-    """
-    return (
-        patch_cells >= BATCH_BLEND_CELLS
-        and on_lattice(reduce, acc, window, None, patch_cells)
-        and window.values.ndim == 2
-        and compiled.supports(acc)
-        and compiled.supports(dtype)
-    )
-
-
 #: Below this many prediction bytes the eager path stays on one thread.
 PARALLEL_BYTES = 8 * 2**20
 
