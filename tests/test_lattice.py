@@ -7,6 +7,7 @@ and NaN predictions must fall back to the exact per-cell path.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from unittest import mock
 
@@ -164,3 +165,22 @@ def test_apply_blends_batches_in_place_and_equals_the_numpy_passes(monkeypatch):
         results[name] = model.values
     np.testing.assert_allclose(results["compiled"], results["numpy"], rtol=1e-5)
     np.testing.assert_allclose(results["numpy"], np.sqrt(values) * 2, rtol=1e-5)
+
+
+#: Per-axis sums: zeros, values whose products underflow float64 or float32, ordinary.
+AXIS_SUMS = st.lists(
+    st.lists(
+        st.sampled_from([0.0, 1e-160, 1e-45, 3e-39, 0.5, 1.0, 7.25, 1e3]), max_size=6, min_size=1
+    ),
+    min_size=1,
+    max_size=3,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(AXIS_SUMS, st.sampled_from(["float32", "float64"]))
+def test_the_outer_product_and_its_positivity_match_numpys(axes, dtype):
+    sums = [np.array(a, dtype=np.float64) for a in axes]
+    full = functools.reduce(np.multiply.outer, sums)
+    np.testing.assert_array_equal(lattice.outer_product(sums, np.dtype(dtype)), full.astype(dtype))
+    assert lattice.all_positive(sums) == bool((full > 0).all())

@@ -21,6 +21,7 @@ per-axis sums), so no division pass follows.
 from __future__ import annotations
 
 import functools
+import operator
 from collections.abc import Sequence
 from typing import Literal, NamedTuple
 
@@ -262,23 +263,54 @@ def lattice_weights(
     return weights, sums
 
 
-def product_total(
+def product_sums(
     anchors: np.ndarray, factors: Sequence[np.ndarray] | None, origin, extent
-) -> np.ndarray | None:
-    """Σw over a box of the patches at ``anchors`` (a product grid), or None if it is not one.
+) -> list[np.ndarray] | None:
+    """Per axis, Σw over a box of the patches at ``anchors``; None if they are no product grid.
+
+    The box's Σw is the outer product of these (:func:`outer_product`).
 
     Examples
     --------
-    >>> product_total(np.array([[0], [2]]), [np.ones(3)], [0], [5]).tolist()
-    [1.0, 1.0, 2.0, 1.0, 1.0]
+    >>> [s.tolist() for s in product_sums(np.array([[0], [2]]), [np.ones(3)], [0], [5])]
+    [[1.0, 1.0, 2.0, 1.0, 1.0]]
     """
     if factors is None or len(anchors) == 0:
         return None
     starts = covering_starts(anchors)
     if starts is None:
         return None
-    sums = [axis_sums(s, f, o, n) for s, f, o, n in zip(starts, factors, origin, extent)]
-    return functools.reduce(np.multiply.outer, sums)
+    return [axis_sums(s, f, o, n) for s, f, o, n in zip(starts, factors, origin, extent)]
+
+
+def outer_product(sums: Sequence[np.ndarray], dtype: np.dtype) -> np.ndarray:
+    """Return the outer product of float64 ``sums``, rounded once to ``dtype``.
+
+    Rounded as ``np.multiply.outer`` then ``astype`` would, without the float64 copy.
+
+    Examples
+    --------
+    >>> outer_product([np.array([1.0, 2.0]), np.array([0.5, 3.0])], np.dtype("f4"))
+    array([[0.5, 3. ],
+           [1. , 6. ]], dtype=float32)
+    """
+    head = functools.reduce(np.multiply.outer, sums[:-1], np.ones((), dtype=np.float64))
+    out = np.empty((*head.shape, *sums[-1].shape), dtype=dtype)
+    np.multiply(head[..., None], sums[-1], out=out)
+    return out
+
+
+def all_positive(sums: Sequence[np.ndarray]) -> bool:
+    """Whether every cell of the float64 outer product of ``sums`` (each >= 0) is > 0.
+
+    Rounding is monotone, so the smallest cell is the product of the smallest sums.
+
+    Examples
+    --------
+    >>> all_positive([np.array([1.0, 2.0]), np.array([0.0, 3.0])])
+    False
+    """
+    return functools.reduce(operator.mul, (float(s.min()) for s in sums), 1.0) > 0
 
 
 def lattice_overlap_add(

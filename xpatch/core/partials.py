@@ -33,7 +33,7 @@ from xpatch.core.dtypes import covers_every_cell as covers_every_cell  # re-expo
 from xpatch.core.dtypes import plan_covers as plan_covers
 from xpatch.core.dtypes import result_dtype as result_dtype
 from xpatch.core.errors import PredictionError
-from xpatch.core.lattice import lattice_overlap_add, product_total
+from xpatch.core.lattice import all_positive, lattice_overlap_add, outer_product, product_sums
 from xpatch.core.overlap_add import (
     BlendWindow,
     BlockWeights,
@@ -268,9 +268,16 @@ def combine_partials(
 
     if all(piece.weight is None for piece in pieces):
         anchors = np.concatenate([np.empty((0, k), np.int64), *(p.anchors for p in pieces)])
-        # Σw of a product grid is the outer product of per-axis sums: no loop over patches.
-        total = product_total(anchors, window.factors, origin, block_shape)
-        if total is None:
+        # Σw of a product grid is the outer product of per-axis sums: no loop over patches,
+        # and, where it covers every cell, only the dtype the division needs is made.
+        sums = product_sums(anchors, window.factors, origin, block_shape)
+        if sums is not None and all_positive(sums):
+            if reduce == "mean":
+                np.divide(out, outer_product(sums, real), out=out)
+            return out.astype(acc, copy=False)
+        if sums is not None:
+            total = outer_product(sums, np.dtype(np.float64))
+        else:
             total = window_sums(origin, block_shape, anchors).total()
         if (total > 0).all():
             if reduce == "mean":
