@@ -23,7 +23,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 
 from xpatch.core import compiled
-from xpatch.core.dtypes import working_dtype
+from xpatch.core.dtypes import holds_nan, working_dtype
 from xpatch.core.lattice import Kernel, LatticeBox, covering_starts
 from xpatch.core.windows import BlendWindow
 
@@ -138,7 +138,7 @@ class BatchBlend:
         if not len(anchors):
             return
         self._zero_to(int(anchors[:, 0].max()) - self.box.lo[0] + values.shape[-2])
-        if self.valid is None and not _holds_nan(values):
+        if self.valid is None and not holds_nan(values):
             self.box.blend(self.total, anchors, values, kernel=self.kernel)
             self.blended.append(anchors)
             return
@@ -178,11 +178,6 @@ class BatchBlend:
                 np.divide(total, valid, out=total, where=landed)
         total[~landed] = np.nan
         return total
-
-
-def _holds_nan(values: np.ndarray) -> bool:
-    # min propagates NaN: one read of the batch, which fn has just written (in cache).
-    return values.dtype.kind == "f" and values.size > 0 and bool(np.isnan(values.min()))
 
 
 class SharedCut:

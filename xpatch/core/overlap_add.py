@@ -32,6 +32,7 @@ from xpatch.core.dtypes import (
     accumulation_dtype,
     check_exact_in_float,
     check_vote_dtype,
+    holds_nan,
     reduction_fill,
     value_range,
     working_dtype,
@@ -358,7 +359,7 @@ def add_patches(
         for p in placements:
             values = prediction_groups[p.group][(p.row, *lead_index, *p.patch_index)]
             _add_product(out[lead_index + p.block_index], values, weights.patch_weight(p), scratch)
-    if np.issubdtype(out.dtype, np.inexact) and np.isnan(out).any():
+    if holds_nan(out):
         # Rare: some prediction holds NaN. Redo the sums with per-cell validity so
         # NaN values are skipped rather than spread.
         return weights, _masked_sums(out, weights, placements, prediction_groups)
