@@ -268,6 +268,8 @@ def holds_nan(values: np.ndarray) -> bool:
     --------
     >>> holds_nan(np.array([1.0, np.nan])), holds_nan(np.arange(3)), holds_nan(np.ones(0))
     (True, False, False)
+    >>> holds_nan(np.array([np.inf, -np.inf], "f2")), holds_nan(np.array([np.nan, np.inf], "f2"))
+    (False, True)
     """
     if values.size == 0 or values.dtype.kind not in "fc":
         return False

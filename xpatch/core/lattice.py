@@ -311,7 +311,8 @@ def all_positive(sums: Sequence[np.ndarray]) -> bool:
     >>> all_positive([np.array([1.0, 2.0]), np.array([0.0, 3.0])])
     False
     """
-    return functools.reduce(operator.mul, (float(s.min()) for s in sums), 1.0) > 0
+    smallest = (float(s.min(initial=np.inf)) for s in sums)  # an empty axis: no cell
+    return functools.reduce(operator.mul, smallest, 1.0) > 0
 
 
 def lattice_overlap_add(
@@ -438,8 +439,10 @@ class LatticeBox(NamedTuple):
         rows = tuple(np.searchsorted(s, anchors[:, j]) for j, s in enumerate(self.starts))
         if kernel == "compiled":
             compiled.blend_patches(out, tuple(self.lo), anchors, values, rows, self.weights, pool)
-        else:
+        elif kernel == "numpy":
             blend_patches_numpy(out, tuple(self.lo), anchors, values, rows, self.weights)
+        else:
+            raise ValueError(f"kernel={kernel!r}: use 'compiled' or 'numpy'")
 
     def cut(self, out: np.ndarray, origin: Sequence[int], box_shape: Sequence[int]) -> np.ndarray:
         """``out`` cut to the box (a copy if it reaches past it)."""
@@ -471,9 +474,10 @@ def blend_patches_numpy(
     """:func:`~xpatch.core.compiled.blend_patches` in numpy, to the same bits.
 
     Each cell gets ``value * (row_weight * column_weight)`` added, the weights
-    rounded to ``out``'s dtype and the patches in the given order, as the compiled
-    kernel does. Two passes over each patch and band: one into a scratch that
-    stays in cache, one adding it.
+    rounded to ``out``'s dtype, the product in the dtype numba gives it (float64 for
+    integers of 4 bytes or more, and for uint16, into float32 sums), and the
+    patches in the given order, as the compiled kernel does. Two passes over each
+    patch: one into a scratch, one adding it.
 
     Examples
     --------
@@ -486,12 +490,12 @@ def blend_patches_numpy(
     """
     weights_y, weights_x = (np.asarray(w, dtype=out.dtype) for w in axis_weights)
     size_y, size_x = values.shape[-2:]
-    lead = values.shape[1:-2]
-    scratch = np.empty((size_y, size_x), dtype=np.result_type(values.dtype, out.dtype))
+    wide = values.dtype.kind in "iu" and (values.dtype.itemsize >= 4 or values.dtype == np.uint16)
+    product = np.dtype(np.float64) if wide else np.result_type(values.dtype, out.dtype)
+    scratch = np.empty(values.shape[1:], dtype=product)
     for p in range(len(anchors)):
         y0, x0 = int(anchors[p, 0]) - origin[0], int(anchors[p, 1]) - origin[1]
         weight = np.multiply.outer(weights_y[rows[0][p]], weights_x[rows[1][p]])
-        for band in np.ndindex(*lead):
-            np.multiply(values[(p, *band)], weight, out=scratch)
-            target = out[(*band, slice(y0, y0 + size_y), slice(x0, x0 + size_x))]
-            np.add(target, scratch, out=target)
+        np.multiply(values[p], weight, out=scratch, dtype=product)
+        target = out[..., y0 : y0 + size_y, x0 : x0 + size_x]
+        np.add(target, scratch, out=target)
