@@ -47,8 +47,9 @@ def batch_kernel(
     6.2-6.5 s with it and 6.6-7.0 s with numba's), and loading numba's LLVM adds
     about 105 MiB to every process that runs the tasks (122 -> 227 MiB), a quarter
     of a 400 MiB budget. Eager arrays take numba's, where it is installed; without
-    it they keep whole groups, whose blend two threads share (19-21 ms against
-    22 ms for a 2048² ``apply``). Both kernels give the same bits.
+    it they keep whole groups, whose blend two threads share (best 19 ms against
+    22 ms batch by batch with numpy, for a 2048² ``apply``). Both kernels give the
+    same bits.
     """
     if not (
         patch_cells >= BATCH_BLEND_CELLS

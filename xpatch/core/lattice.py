@@ -366,7 +366,7 @@ def lattice_overlap_add(
     out = np.empty((*lead, *box.extent), dtype=dtype)
     # Zeroed here, not lazily by the kernel's first touch: page faults taken by
     # several threads at once serialise in the kernel and cost more than this pass
-    # (np.zeros measured no faster on the 4096² case, and slower in one run of three).
+    # (np.zeros was within noise of it on the 4096² case, with one run's median twice).
     out.fill(0)
     pool = compiled.Pool(threads) if threads > 1 else None
     try:
