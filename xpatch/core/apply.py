@@ -95,8 +95,9 @@ def run_batches(
         The output's patch shape (default: the input's).
     split
         Return each batch's result (cast) in a list instead of one stacked
-        array: the compiled kernel blends batches where they are, sparing a
-        copy of every prediction.
+        array: the batch blend (:mod:`xpatch.core.batch_blend`, numba's kernel
+        or its numpy twin) adds batches where they are, sparing a copy of every
+        prediction.
     into_patches
         Write each batch's results over its patches when they have the
         declared shape and dtype (``patches`` is the caller's own scratch):
