@@ -73,3 +73,22 @@ def test_bad_windows_raise_option_errors_that_name_the_fix(window, match):
     da = xr.DataArray(np.zeros((8, 8)), dims=("y", "x"))
     with pytest.raises(xpatch.OptionError, match=match):
         da.patch(y=4, x=4, window=window)
+
+
+
+@pytest.mark.parametrize("size", [(1, 45), (45, 1), (9, 45)])
+def test_factors_of_a_window_with_tiny_corners_fit_float32(size):
+    """A gaussian's corner is 1e-47 at 45 cells: factors taken through the corner reach
+    5e46 (inf in float32), and the sum of an apply came out NaN at its edges."""
+    from xpatch.core.windows import separable_factors
+
+    window = make_window(("gaussian", 1.5), ("y", "x"), size)
+    factors = separable_factors(window)
+    assert factors is not None
+    assert all(np.abs(f).max() <= np.abs(window).max() for f in factors)
+    np.testing.assert_allclose(np.multiply.outer(*factors), window, rtol=1e-12)
+    da = xr.DataArray(np.arange(90, dtype="float32").reshape(2, 45), dims=("y", "x"))
+    p = da.patch(y=1, x=45, stride=1, window=("gaussian", 1.5))
+    summed = p.apply(lambda b: b + 1, reduce="sum")
+    assert not np.isnan(summed.values).any()
+    assert summed.values[0, 22] == 23.0  # the peak's weight is 1

@@ -168,22 +168,27 @@ def separable_factors(window: np.ndarray) -> tuple[np.ndarray, ...] | None:
 
     Examples
     --------
-    >>> w = np.multiply.outer([1.0, 2.0], [1.0, 3.0, 1.0])
+    >>> w = np.multiply.outer([1.0, 2.0], [1.0, 4.0, 1.0])
     >>> [f.tolist() for f in separable_factors(w)]
-    [[1.0, 2.0], [1.0, 3.0, 1.0]]
+    [[4.0, 8.0], [0.25, 1.0, 0.25]]
     >>> separable_factors(np.array([[1.0, 2.0], [2.0, 1.0]])) is None
     True
     """
     window = np.asarray(window, dtype=np.float64)
-    if window.ndim == 0:
+    if window.ndim == 0 or window.size == 0:
         return None
-    corner = window[(0,) * window.ndim]
+    # Lines through the largest cell: a corner can be 0 or tiny (a gaussian's is
+    # 1e-47 at 45 cells), and dividing by it makes factors that overflow float32.
+    pivot = np.unravel_index(int(np.argmax(np.abs(window))), window.shape)
+    peak = window[pivot]
+    if peak == 0:
+        return None
     factors = []
     for axis in range(window.ndim):
-        index: list[Any] = [0] * window.ndim
+        index: list[Any] = list(pivot)
         index[axis] = slice(None)
         line = window[tuple(index)]
-        factors.append(line if axis == 0 else line / corner)
+        factors.append(line if axis == 0 else line / peak)
     rebuilt = reduce(np.multiply.outer, factors)
     if not np.allclose(rebuilt, window, rtol=1e-12, atol=0.0):
         return None
