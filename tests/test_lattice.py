@@ -60,19 +60,25 @@ def reference(pred, anchors, grid, window, reduce):
     return out[(Ellipsis, *(slice(0, g) for g in grid))]
 
 
-@pytest.fixture(params=["numpy", "compiled"])
+@pytest.fixture(params=["numpy", "rows", "patches"])
 def kernel(request, monkeypatch):
-    """Run a test with the numpy passes, and with the compiled kernel if numba is installed."""
-    if request.param == "compiled" and not compiled.AVAILABLE:
+    """Run a test with the numpy passes, and with numba's kernels if it is installed:
+    row by row of the output, and patch by patch (short patch rows take it)."""
+    compiled_kernel = request.param != "numpy"
+    if compiled_kernel and not compiled.AVAILABLE:
         pytest.skip("numba is not installed (the [fast] extra)")
-    monkeypatch.setattr(compiled, "AVAILABLE", request.param == "compiled")
+    monkeypatch.setattr(compiled, "AVAILABLE", compiled_kernel)
+    # The cases' patches are short: by default all would go patch by patch.
+    monkeypatch.setattr(lattice, "PATCH_MAJOR_BYTES", 0 if request.param == "rows" else 2**20)
     return request.param
 
 
 def counted(kernel: str = "numpy"):
-    """Count the lattice's adds: of the numpy passes, or of the compiled kernel (2-D)."""
-    if kernel == "compiled":
+    """Count the lattice's adds: of the numpy passes, or of a compiled kernel (2-D)."""
+    if kernel == "rows":
         return mock.patch.object(compiled, "blend_2d", wraps=compiled.blend_2d)
+    if kernel == "patches":
+        return mock.patch.object(compiled, "blend_patches", wraps=compiled.blend_patches)
     return mock.patch.object(lattice, "lattice_add", wraps=lattice.lattice_add)
 
 
@@ -130,6 +136,8 @@ def test_nan_predictions_fall_back_to_the_exact_path(kernel):
 
 
 def test_irregular_and_unordered_layouts_are_left_to_the_loop(kernel):
+    """Scattered patches go to the loop; a product grid out of C order too, but for the
+    compiled patch-by-patch kernel, which takes patches in any order."""
     window = np.ones((2, 2))
     scattered = np.array([[0, 0], [1, 3], [4, 1]])
     unordered = np.array([[2, 0], [0, 0], [2, 2], [0, 2]])
@@ -137,7 +145,7 @@ def test_irregular_and_unordered_layouts_are_left_to_the_loop(kernel):
         pred = np.random.default_rng(1).normal(size=(len(anchors), 2, 2))
         with counted(kernel) as calls:
             out = overlap_add(pred, anchors, (6, 6), window, "mean")
-        assert calls.call_count == 0
+        assert calls.call_count == (kernel == "patches" and anchors is unordered)
         np.testing.assert_allclose(out, reference(pred, anchors, (6, 6), window, "mean"))
 
 
@@ -184,3 +192,48 @@ def test_the_outer_product_and_its_positivity_match_numpys(axes, dtype):
     full = functools.reduce(np.multiply.outer, sums)
     np.testing.assert_array_equal(lattice.outer_product(sums, np.dtype(dtype)), full.astype(dtype))
     assert lattice.all_positive(sums) == bool((full > 0).all())
+
+
+@st.composite
+def fresh_blends(draw):
+    """A 2-D product grid of patches into a buffer with rows above and below their reach."""
+    dtype = np.dtype(draw(st.sampled_from(["float32", "float64"])))
+    size = (draw(st.integers(1, 5)), draw(st.integers(1, 5)))
+    counts = (draw(st.integers(1, 4)), draw(st.integers(1, 4)))
+    strides = [draw(st.integers(1, s + 2)) for s in size]
+    above, below = draw(st.integers(0, 3)), draw(st.integers(0, 3))
+    starts = [np.arange(c) * t for c, t in zip(counts, strides)]
+    starts[0] = starts[0] + above
+    lead = (2,) * draw(st.integers(0, 1))
+    shape = (*lead, int(starts[0][-1]) + size[0] + below,
+             int(starts[1][-1]) + size[1] + draw(st.integers(0, 3)))  # fmt: skip
+    rng = np.random.default_rng(draw(st.integers(0, 2**16)))
+    values = rng.normal(size=(counts[0] * counts[1], *lead, *size)).astype(dtype)
+    # NaN (either sign) and infinities among the predictions, or in a row they do not reach.
+    specials = [np.nan, -np.nan, np.inf, -np.inf]
+    for _ in range(draw(st.integers(0, 2))):
+        values.flat[draw(st.integers(0, values.size - 1))] = draw(st.sampled_from(specials))
+    prior = rng.normal(size=shape).astype(dtype)
+    unreached = [*range(above), *range(shape[-2] - below, shape[-2])]
+    if unreached and draw(st.booleans()):
+        prior[..., draw(st.sampled_from(unreached)), 0] = np.nan
+    weights = [rng.random((c, s)) for c, s in zip(counts, size)]
+    return starts, values, weights, prior
+
+
+@pytest.mark.skipif(not compiled.AVAILABLE, reason="the compiled kernel needs numba")
+@settings(max_examples=300, deadline=None)
+@given(fresh_blends(), st.booleans())
+def test_the_row_kernel_zeroes_fresh_rows_and_tells_nan_exactly(case, fresh):
+    """``blend_2d(fresh=True)`` overwrites garbage as adds into zeros would; its NaN
+    answer is ``holds_nan`` of the whole buffer (sign bits, infinities, unreached rows)."""
+    starts, values, weights, prior = case
+    anchors = np.array(list(itertools.product(*starts)), dtype=np.int64)
+    rows = tuple(np.array([list(s).index(a) for a in anchors[:, j]]) for j, s in
+                 enumerate(starts))  # fmt: skip
+    expected = np.zeros_like(prior) if fresh else prior.copy()
+    lattice.blend_patches_numpy(expected, (0, 0), anchors, values, rows, weights)
+    out = prior.copy()
+    told = compiled.blend_2d(out, (0, 0), starts, values, weights, fresh=fresh)
+    np.testing.assert_array_equal(out, expected)
+    assert told == bool(np.isnan(expected).any())
