@@ -75,7 +75,6 @@ def test_bad_windows_raise_option_errors_that_name_the_fix(window, match):
         da.patch(y=4, x=4, window=window)
 
 
-
 @pytest.mark.parametrize("size", [(1, 45), (45, 1), (9, 45)])
 def test_factors_of_a_window_with_tiny_corners_fit_float32(size):
     """A gaussian's corner is 1e-47 at 45 cells: factors taken through the corner reach

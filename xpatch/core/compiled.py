@@ -37,8 +37,9 @@ class Pool(ThreadPoolExecutor):
 AVAILABLE = importlib.util.find_spec("numba") is not None
 
 
-def _blend_rows(out, values, starts_y, starts_x, weights_y, weights_x, fresh, bits, sign_off,
-                row_lo, row_hi):
+def _blend_rows(
+    out, values, starts_y, starts_x, weights_y, weights_x, fresh, bits, sign_off, row_lo, row_hi
+):
     """Add ``values[p, l, r, c] * weights_y[i, r] * weights_x[j, c]`` into rows [lo, hi) of ``out``.
 
     ``out`` is ``(L, H, W)``; patch ``p = i * len(starts_x) + j`` starts at
