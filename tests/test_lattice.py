@@ -237,3 +237,16 @@ def test_the_row_kernel_zeroes_fresh_rows_and_tells_nan_exactly(case, fresh):
     told = compiled.blend_2d(out, (0, 0), starts, values, weights, fresh=fresh)
     np.testing.assert_array_equal(out, expected)
     assert told == bool(np.isnan(expected).any())
+
+
+@pytest.mark.skipif(not compiled.AVAILABLE, reason="the compiled kernel needs numba")
+def test_the_row_kernel_zeroes_fresh_integer_rows_and_has_no_nan_to_tell():
+    starts = [np.array([1, 3, 5]), np.array([0, 4])]
+    values = np.arange(6 * 2 * 3, dtype=np.int64).reshape(6, 2, 3)
+    weights = [np.ones((3, 2)), np.ones((2, 3))]
+    expected = np.zeros((9, 8), np.int64)
+    assert not compiled.blend_2d(expected, (0, 0), starts, values, weights)
+    garbage = np.full((9, 8), -(2**40), np.int64)
+    assert not compiled.blend_2d(garbage, (0, 0), starts, values, weights, fresh=True)
+    np.testing.assert_array_equal(garbage, expected)
+    assert expected[0].sum() == 0 and expected[1, 0] == values[0, 0, 0]

@@ -1,10 +1,14 @@
-"""A compiled overlap-add kernel for 2-D lattices, used when numba is installed.
+"""Compiled overlap-add kernels for 2-D lattices, used when numba is installed.
 
-``pip install "xarray-patch[fast]"`` adds numba. The kernel fuses what numpy does in
-three passes (multiply by the window, add, move on): for every output row, every
-patch row that lands on it is multiplied by its row and column weights and added
-in one loop, so the predictions are read once and each output row stays in cache
-while the patches covering it add into it. It releases the GIL: threads take
+``pip install "xarray-patch[fast]"`` adds numba. The kernels fuse what numpy does in
+three passes (multiply by the window, add, move on). The row kernel
+(:func:`blend_2d`) takes every output row in turn and adds every patch row that
+lands on it, so the predictions are read once and each output row stays in cache
+while the patches covering it add into it; into a fresh buffer it also zeroes each
+row first and reads it for NaN last, sparing two passes over the output. The patch
+kernel (:func:`blend_patches`) adds patches one after another in any order: batches
+as they come, and patches whose rows are too short for the row kernel's reads
+(:data:`xpatch.core.lattice.PATCH_MAJOR_BYTES`). Both release the GIL: threads take
 disjoint bands of output rows, so no two of them write the same cell.
 
 Without numba, :data:`AVAILABLE` is False and :mod:`xpatch.core.lattice` uses its
