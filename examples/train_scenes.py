@@ -79,7 +79,11 @@ def pipeline(src, workers: int, batch_size: int):
     dataset = grain.MapDataset.source(src).pipe(
         src.chunk_shuffle, seed=0, worker_count=max(workers, 1), batch_size=batch_size
     )
-    dataset = dataset.repeat().batch(batch_size).to_iter_dataset()
+    # A read-ahead of a few batches: Grain's default buffer of 500 elements (batches,
+    # here) reads epochs ahead of the model through the cache of --cache-chunks chunks,
+    # which evicts chunks the next steps then read again.
+    read_ahead = grain.ReadOptions(num_threads=2, prefetch_buffer_size=4)
+    dataset = dataset.repeat().batch(batch_size).to_iter_dataset(read_ahead)
     if workers:
         dataset = dataset.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers))
     return dataset.pipe(src.with_fingerprint)
