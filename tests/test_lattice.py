@@ -223,10 +223,11 @@ def fresh_blends(draw):
 
 @pytest.mark.skipif(not compiled.AVAILABLE, reason="the compiled kernel needs numba")
 @settings(max_examples=300, deadline=None)
-@given(fresh_blends(), st.booleans())
-def test_the_row_kernel_zeroes_fresh_rows_and_tells_nan_exactly(case, fresh):
+@given(fresh_blends(), st.booleans(), st.sampled_from([None, 2, 3]))
+def test_the_row_kernel_zeroes_fresh_rows_and_tells_nan_exactly(case, fresh, threads):
     """``blend_2d(fresh=True)`` overwrites garbage as adds into zeros would; its NaN
-    answer is ``holds_nan`` of the whole buffer (sign bits, infinities, unreached rows)."""
+    answer is ``holds_nan`` of the whole buffer (sign bits, infinities, unreached rows,
+    every thread's band of rows)."""
     starts, values, weights, prior = case
     anchors = np.array(list(itertools.product(*starts)), dtype=np.int64)
     rows = tuple(np.array([list(s).index(a) for a in anchors[:, j]]) for j, s in
@@ -234,9 +235,30 @@ def test_the_row_kernel_zeroes_fresh_rows_and_tells_nan_exactly(case, fresh):
     expected = np.zeros_like(prior) if fresh else prior.copy()
     lattice.blend_patches_numpy(expected, (0, 0), anchors, values, rows, weights)
     out = prior.copy()
-    told = compiled.blend_2d(out, (0, 0), starts, values, weights, fresh=fresh)
+    pool = None if threads is None else compiled.Pool(threads)
+    try:
+        told = compiled.blend_2d(
+            out, (0, 0), starts, values, weights, pool, fresh=fresh, tell_nan=True
+        )
+    finally:
+        if pool is not None:
+            pool.shutdown()
     np.testing.assert_array_equal(out, expected)
     assert told == bool(np.isnan(expected).any())
+
+
+@pytest.mark.skipif(not compiled.AVAILABLE, reason="the compiled kernel needs numba")
+def test_patch_rows_of_256_bytes_go_row_by_row_and_shorter_ones_patch_by_patch():
+    for width, kernel in ((64, "rows"), (63, "patches")):  # float32: 256 and 252 bytes
+        starts = [np.array([0, 48]), np.arange(0, 2 * width, width // 2)]
+        anchors = np.array(list(itertools.product(*starts)))
+        pred = np.random.default_rng(width).random((len(anchors), 64, width), dtype="f4")
+        window = np.ones((64, width))
+        grid = (112, int(starts[1][-1]) + width)
+        with counted(kernel) as calls:
+            out = overlap_add(pred, anchors, grid, window, "mean")
+        assert calls.call_count == 1, (width, kernel)
+        np.testing.assert_allclose(out, reference(pred, anchors, grid, window, "mean"), rtol=1e-5)
 
 
 @pytest.mark.skipif(not compiled.AVAILABLE, reason="the compiled kernel needs numba")
@@ -245,8 +267,10 @@ def test_the_row_kernel_zeroes_fresh_integer_rows_and_has_no_nan_to_tell():
     values = np.arange(6 * 2 * 3, dtype=np.int64).reshape(6, 2, 3)
     weights = [np.ones((3, 2)), np.ones((2, 3))]
     expected = np.zeros((9, 8), np.int64)
-    assert not compiled.blend_2d(expected, (0, 0), starts, values, weights)
+    assert not compiled.blend_2d(expected, (0, 0), starts, values, weights, tell_nan=True)
     garbage = np.full((9, 8), -(2**40), np.int64)
-    assert not compiled.blend_2d(garbage, (0, 0), starts, values, weights, fresh=True)
+    assert not compiled.blend_2d(
+        garbage, (0, 0), starts, values, weights, fresh=True, tell_nan=True
+    )
     np.testing.assert_array_equal(garbage, expected)
     assert expected[0].sum() == 0 and expected[1, 0] == values[0, 0, 0]

@@ -84,7 +84,7 @@ def test_factors_of_a_window_with_tiny_corners_fit_float32(size):
     window = make_window(("gaussian", 1.5), ("y", "x"), size)
     factors = separable_factors(window)
     assert factors is not None
-    assert all(np.abs(f).max() <= np.abs(window).max() for f in factors)
+    assert all(np.isfinite(f.astype(np.float32)).all() for f in factors)
     np.testing.assert_allclose(np.multiply.outer(*factors), window, rtol=1e-12)
     da = xr.DataArray(np.arange(90, dtype="float32").reshape(2, 45), dims=("y", "x"))
     p = da.patch(y=1, x=45, stride=1, window=("gaussian", 1.5))

@@ -4,8 +4,8 @@
 three passes (multiply by the window, add, move on). The row kernel
 (:func:`blend_2d`) takes every output row in turn and adds every patch row that
 lands on it, so the predictions are read once and each output row stays in cache
-while the patches covering it add into it; into a fresh buffer it also zeroes each
-row first and reads it for NaN last, sparing two passes over the output. The patch
+while the patches covering it add into it; it can also zero each row first (into a
+fresh buffer) and read it for NaN last, sparing two passes over the output. The patch
 kernel (:func:`blend_patches`) adds patches one after another in any order: batches
 as they come, and patches whose rows are too short for the row kernel's reads
 (:data:`xpatch.core.lattice.PATCH_MAJOR_BYTES`). Both release the GIL: threads take
@@ -161,29 +161,34 @@ def blend_2d(
     axis_weights: list[np.ndarray],
     pool: Pool | None = None,
     fresh: bool = False,
+    tell_nan: bool = False,
 ) -> bool:
     """Add a 2-D product grid of patches into ``out`` (``(*lead, H, W)``, holding them whole).
 
     ``values`` is ``(n, *lead, h, w)`` in the grid's C order; ``axis_weights`` the
     per-start ``(count, size)`` weights along y and x (as :mod:`xpatch.core.lattice`
     builds them). Threads of ``pool`` take bands of rows. With ``fresh``, ``out``
-    holds garbage and is overwritten: each row is zeroed as the kernel reaches it.
+    holds garbage and is overwritten: the kernel zeroes each row the patches reach
+    just before adding into it, and the other rows are zeroed first.
 
-    Returns whether ``out`` (all of it) holds a NaN after the adds, read while
-    each row is in cache rather than in a pass of its own.
+    With ``tell_nan``, returns whether ``out`` (all of it) holds a NaN after the
+    adds, the rows the patches reach read while they are in cache rather than in
+    a pass of their own; without it, True (not read).
     """
+    flat = _flat(out, "blend_2d")
     starts_y = np.asarray(starts[0], dtype=np.int64) - origin[0]
     starts_x = np.asarray(starts[1], dtype=np.int64) - origin[1]
     height = out.shape[-2]
     rows = (max(int(starts_y.min()), 0), min(int(starts_y.max()) + values.shape[-2], height))
     if fresh:  # rows no patch reaches
-        out[..., : rows[0], :] = 0
-        out[..., rows[1] :, :] = 0
-    flat = _flat(out, "blend_2d")
-    bits, sign_off, infinity = _float_bits(flat)
+        flat[:, : rows[0]] = 0
+        flat[:, rows[1] :] = 0
+    bits, sign_off, infinity = _float_bits(flat) if tell_nan else (None, None, 0)
     tops = _in_bands("_blend_rows", out, values, rows, pool, starts_y, starts_x,
                      *_weights(axis_weights, out.dtype), fresh, bits, sign_off)  # fmt: skip
-    if bits is None:
+    if not tell_nan:
+        return True
+    if bits is None:  # integers
         return False
     if max(tops, default=0) > infinity:
         return True

@@ -390,15 +390,16 @@ def lattice_overlap_add(
             own = [w[r] for w, r in zip(box.weights, rows)]
             if fused:
                 may_hold_nan = compiled.blend_2d(
-                    out, (box.lo[0], box.lo[1]), anchors_starts, values, own, pool, fresh=single
-                )
+                    out, (box.lo[0], box.lo[1]), anchors_starts, values, own, pool,
+                    fresh=single, tell_nan=single,
+                )  # fmt: skip
             else:
                 lattice_add(out, box.lo, anchors_starts, values, own, pool)
     finally:
         if pool is not None:
             pool.shutdown()
     out = box.cut(out, origin, box_shape)
-    if (may_hold_nan or not single) and holds_nan(out):
+    if may_hold_nan and holds_nan(out):
         return None
     if nan_uncovered:
         box.mark_uncovered(out, origin, box_shape)

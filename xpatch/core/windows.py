@@ -163,7 +163,9 @@ def separable_factors(window: np.ndarray) -> tuple[np.ndarray, ...] | None:
     """Return 1-D factors whose outer product is ``window``, or None if it has none.
 
     Windows built from specs are separable by construction; a user's array may be
-    too. The factors let overlap-add compute the total weight per axis (a few
+    too. The factors are the lines through the largest cell, so a zero or tiny
+    corner (a gaussian's underflows) does not make them overflow; an all-zero
+    window has none. The factors let overlap-add compute the total weight per axis (a few
     vectors) instead of summing a full window per patch.
 
     Examples
