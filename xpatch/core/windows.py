@@ -163,38 +163,55 @@ def separable_factors(window: np.ndarray) -> tuple[np.ndarray, ...] | None:
     """Return 1-D factors whose outer product is ``window``, or None if it has none.
 
     Windows built from specs are separable by construction; a user's array may be
-    too. The factors are the lines through the largest cell, so a zero or tiny
-    corner (a gaussian's underflows) does not make them overflow; an all-zero
-    window has none. The factors let overlap-add compute the total weight per axis (a few
+    too. The factors let overlap-add compute the total weight per axis (a few
     vectors) instead of summing a full window per patch.
+
+    The factors are the window's lines through its first cell, divided by that
+    cell but for the first (a whole window whose first cell divides it has whole
+    factors, which integer sums need). Where that cell is zero, or so small that
+    a factor would overflow float32 (a 45-cell gaussian's is 1e-47), the lines
+    through the largest cell are taken instead.
 
     Examples
     --------
-    >>> w = np.multiply.outer([1.0, 2.0], [1.0, 4.0, 1.0])
+    >>> w = np.multiply.outer([1.0, 2.0], [1.0, 3.0, 1.0])
     >>> [f.tolist() for f in separable_factors(w)]
-    [[4.0, 8.0], [0.25, 1.0, 0.25]]
+    [[1.0, 2.0], [1.0, 3.0, 1.0]]
+    >>> [f.tolist() for f in separable_factors(np.multiply.outer([0.0, 2.0], [1.0, 4.0]))]
+    [[0.0, 8.0], [0.25, 1.0]]
     >>> separable_factors(np.array([[1.0, 2.0], [2.0, 1.0]])) is None
     True
     """
     window = np.asarray(window, dtype=np.float64)
     if window.ndim == 0 or window.size == 0:
         return None
-    # Lines through the largest cell: a corner can be 0 or tiny (a gaussian's is
-    # 1e-47 at 45 cells), and dividing by it makes factors that overflow float32.
-    pivot = np.unravel_index(int(np.argmax(np.abs(window))), window.shape)
-    peak = window[pivot]
-    if peak == 0:
+    largest = np.unravel_index(int(np.argmax(np.abs(window))), window.shape)
+    for pivot in ((0,) * window.ndim, largest):
+        factors = _lines_through(window, tuple(int(i) for i in pivot))
+        if factors is not None and all(
+            np.abs(f).max() <= np.finfo(np.float32).max for f in factors
+        ):
+            break
+    else:
+        return None
+    rebuilt = reduce(np.multiply.outer, factors)
+    if not np.allclose(rebuilt, window, rtol=1e-12, atol=0.0):
+        return None
+    return tuple(factors)
+
+
+def _lines_through(window: np.ndarray, pivot: tuple[int, ...]) -> list[np.ndarray] | None:
+    """Return the lines of ``window`` through ``pivot``, all but the first over its value."""
+    value = window[pivot]
+    if value == 0 and window.ndim > 1:
         return None
     factors = []
     for axis in range(window.ndim):
         index: list[Any] = list(pivot)
         index[axis] = slice(None)
         line = window[tuple(index)]
-        factors.append(line if axis == 0 else line / peak)
-    rebuilt = reduce(np.multiply.outer, factors)
-    if not np.allclose(rebuilt, window, rtol=1e-12, atol=0.0):
-        return None
-    return tuple(factors)
+        factors.append(line if axis == 0 else line / value)
+    return factors
 
 
 def marginal_window(window: np.ndarray, keep: Sequence[int]) -> np.ndarray:
