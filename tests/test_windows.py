@@ -91,3 +91,16 @@ def test_factors_of_a_window_with_tiny_corners_fit_float32(size):
     summed = p.apply(lambda b: b + 1, reduce="sum")
     assert not np.isnan(summed.values).any()
     assert summed.values[0, 22] == 23.0  # the peak's weight is 1
+
+
+def test_factors_turn_to_the_largest_cell_where_the_first_makes_them_inexact():
+    """A first cell of 1e-320 (subnormal) divides to factors that rebuild the window
+    only roughly: the lines through the largest cell rebuild it exactly."""
+    from xpatch.core.windows import separable_factors
+
+    window = np.multiply.outer(np.array([1e-310, 1.0]), np.array([1e-10, 1.0]))
+    factors = separable_factors(window)
+    assert factors is not None
+    np.testing.assert_allclose(np.multiply.outer(*factors), window, rtol=1e-12)
+    whole = np.multiply.outer([1.0, 2.0], [1.0, 3.0])  # a whole first cell keeps whole factors
+    assert [f.tolist() for f in separable_factors(whole)] == [[1.0, 2.0], [1.0, 3.0]]
