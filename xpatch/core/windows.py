@@ -168,9 +168,10 @@ def separable_factors(window: np.ndarray) -> tuple[np.ndarray, ...] | None:
 
     The factors are the window's lines through its first cell, divided by that
     cell but for the first (a whole window whose first cell divides it has whole
-    factors, which integer sums need). Where that cell is zero, or so small that
-    a factor would overflow float32 (a 45-cell gaussian's is 1e-47), the lines
-    through the largest cell are taken instead.
+    factors, which integer sums need). Where that cell is zero, so small that a
+    factor would overflow float32 (a 45-cell gaussian's is 1e-47), or subnormal
+    (its factors rebuild the window inexactly), the lines through the largest cell
+    are taken instead.
 
     Examples
     --------
