@@ -194,6 +194,62 @@ def test_the_outer_product_and_its_positivity_match_numpys(axes, dtype):
     assert lattice.all_positive(sums) == bool((full > 0).all())
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    AXIS_SUMS.filter(lambda axes: all(v > 0 for a in axes for v in a)),
+    st.sampled_from(["float32", "float64"]),
+    st.lists(st.integers(1, 3), max_size=1),
+    st.sampled_from([1, 8, 40, 64 * 1024]),
+)
+def test_dividing_by_the_product_in_bands_gives_the_bits_of_the_whole_product(
+    axes, dtype, lead, band_bytes
+):
+    """Each band's Σw rounds as the box-sized product does, whatever the band's rows."""
+    sums = [np.array(a, dtype=np.float64) for a in axes]
+    dtype = np.dtype(dtype)
+    shape = (*lead, *(len(s) for s in sums))
+    values = np.random.default_rng(len(shape)).random(shape).astype(dtype) * 7 - 3
+    got = values.copy()
+    with np.errstate(all="ignore"):  # products that underflow the dtype: inf, as before
+        expected = values / lattice.outer_product(sums, dtype)
+        with mock.patch.object(lattice, "DIVIDE_BAND_BYTES", band_bytes):
+            lattice.divide_by_product(got, sums, dtype)
+    np.testing.assert_array_equal(
+        got.view(f"u{dtype.itemsize}"), expected.view(f"u{dtype.itemsize}")
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.integers(-60, 60), max_size=40),
+    st.sampled_from([1, 7, 1000, 10**9]),
+    st.sampled_from(["int64", "int32", "uint16"]),
+)
+def test_axis_starts_are_numpys_unique_and_its_inverse(values, scale, dtype):
+    """The table for a short range and the sort for a long one give np.unique's answer."""
+    column = np.array(values, dtype=np.int64) * scale
+    if np.dtype(dtype).kind == "u":
+        column = np.abs(column) % 60000
+    column = column.astype(dtype)
+    starts, ranks = lattice.axis_starts(column)
+    unique, inverse = np.unique(column, return_inverse=True)
+    assert starts.dtype == unique.dtype
+    np.testing.assert_array_equal(starts, unique)
+    np.testing.assert_array_equal(ranks, inverse.reshape(-1))
+
+
+def test_product_and_covering_starts_take_grids_and_refuse_the_rest():
+    grid = np.array([[y, x] for y in (0, 8, 16) for x in (-4, 4)])
+    assert [s.tolist() for s in lattice.product_starts(grid)] == [[0, 8, 16], [-4, 4]]
+    assert lattice.product_starts(grid[::-1]) is None  # a product grid, not in C order
+    assert [s.tolist() for s in lattice.covering_starts(grid[::-1])] == [[0, 8, 16], [-4, 4]]
+    holed = grid.copy()
+    holed[1] = holed[0]  # six anchors, one twice: not the product
+    assert lattice.product_starts(holed) is None
+    assert lattice.covering_starts(holed) is None
+    assert lattice.product_starts(grid[:5]) is None  # 5 of 6: no product
+
+
 @st.composite
 def fresh_blends(draw):
     """A 2-D product grid of patches into a buffer with rows above and below their reach."""

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import pickle
+from unittest import mock
 
 import dask.array as dsa
 import numpy as np
 import pytest
 import xarray as xr
 from dask.base import tokenize
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import xpatch
 from tests.conftest import forbid_compute
+from xpatch.core.plan import column_bounds, reaching
 
 SHAPE = (2, 256, 256)
 CHUNK = 64  # 16 input chunks
@@ -125,3 +129,36 @@ def test_the_plan_pickles_and_tokenizes_deterministically():
     other = lazy_scene().patch(y=SIZE, x=SIZE, stride=STRIDE, sampler=xpatch.RandomAnchors(51))
     assert tokenize(other.plan) != tokenize(p.plan)
     assert not p.plan.anchors.flags.writeable
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(-20, 40), st.integers(-20, 40), st.integers(0, 9)),
+        min_size=1,
+        max_size=30,
+    ),
+    st.tuples(st.integers(1, 6), st.integers(1, 6), st.integers(1, 6)),
+    st.tuples(st.integers(-10, 30), st.integers(-10, 30), st.integers(-5, 9)),
+    st.tuples(st.integers(0, 30), st.integers(0, 30), st.integers(0, 9)),
+    st.integers(1, 3),
+)
+def test_column_bounds_and_reaching_match_the_axis_reductions(rows, size, lo, extent, k):
+    """Column by column, the same answers as numpy's reductions along the anchors' axis."""
+    anchors = np.array(rows, dtype=np.int64)[:, :k]
+    size, lo = np.array(size[:k]), np.array(lo[:k])
+    hi = lo + np.array(extent[:k])
+    low, high = column_bounds(anchors)
+    np.testing.assert_array_equal(low, anchors.min(axis=0))
+    np.testing.assert_array_equal(high, anchors.max(axis=0))
+    expected = ((anchors < hi) & (anchors + size > lo)).all(axis=1)
+    np.testing.assert_array_equal(reaching(anchors, size, lo, hi), expected)
+
+
+def test_the_plan_token_is_hashed_once_and_names_the_plan():
+    p = lazy_scene().patch(y=SIZE, x=SIZE, stride=STRIDE)
+    fields = (p.plan.grid.starts, p.plan.size, p.plan.anchors, p.plan.order, p.plan.groups)
+    assert p.plan.__dask_tokenize__() == tokenize(*fields)  # the names graphs had before
+    first = tokenize(p.plan)
+    with mock.patch("xpatch.core.plan.tokenize", side_effect=AssertionError("hashed again")):
+        assert tokenize(p.plan) == first

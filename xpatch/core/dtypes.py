@@ -17,7 +17,7 @@ import numpy as np
 
 from xpatch.core.checks import check_choice
 from xpatch.core.errors import PredictionError
-from xpatch.core.plan import Plan
+from xpatch.core.plan import Plan, reaching
 from xpatch.core.windows import BlendWindow
 
 Reduction = Literal["mean", "sum", "max", "min", "vote"]
@@ -180,7 +180,7 @@ def covers_every_cell(anchors: np.ndarray, size: Sequence[int], shape: Sequence[
 
 
 def _covers_box(anchors: np.ndarray, size: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> bool:
-    reach = ((anchors < hi) & (anchors + size > lo)).all(axis=1)
+    reach = reaching(anchors, size, lo, hi)
     if not reach.any():
         return False
     anchors = anchors[reach]

@@ -22,7 +22,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from xpatch.core.errors import OptionError
 from xpatch.core.padding import PadMode, gather, index_runs, pad_numpy, source_indices
-from xpatch.core.plan import Plan, chunk_starts
+from xpatch.core.plan import Plan, chunk_starts, column_bounds
 from xpatch.core.regroup import take_rows
 
 
@@ -68,8 +68,8 @@ def _crop(array, axes: Sequence[int], anchors: np.ndarray, size: Sequence[int]):
     Returns the slice, the anchors relative to it, and per patched axis how many
     cells must be padded past its end.
     """
-    lo = anchors.min(axis=0)
-    hi = anchors.max(axis=0) + np.asarray(size)
+    lo, top = column_bounds(anchors)
+    hi = top + np.asarray(size)
     index = [slice(None)] * array.ndim
     pad_after = []
     for j, ax in enumerate(axes):
@@ -124,8 +124,8 @@ def extract_numpy(
             widths = _pad_widths(array.ndim, axes, pad_after)
             array = np.pad(array, widths, constant_values=pad_value)
     else:
-        lo = anchors.min(axis=0)
-        hi = anchors.max(axis=0) + np.asarray(size)
+        lo, top = column_bounds(anchors)
+        hi = top + np.asarray(size)
         array = pad_numpy(array, axes, list(zip(lo.tolist(), hi.tolist())), pad_mode)
         anchors = anchors - lo
     k = len(axes)
@@ -312,7 +312,7 @@ def group_reads(
     for g, (origin, shape) in enumerate(plan.boxes):
         local = plan.group_anchors(g) - np.asarray(origin)
         # The box's true end: plan.boxes clips it to the array.
-        reach = dict(zip(axes, (local.max(axis=0) + size + np.asarray(origin)).tolist()))
+        reach = dict(zip(axes, (column_bounds(local)[1] + size + np.asarray(origin)).tolist()))
         runs = {ax: [(o, o + n)] for ax, o, n in zip(axes, origin, shape)}
         takes = []
         for ax, o in zip(axes, origin):

@@ -33,7 +33,13 @@ from xpatch.core.dtypes import covers_every_cell as covers_every_cell  # re-expo
 from xpatch.core.dtypes import plan_covers as plan_covers
 from xpatch.core.dtypes import result_dtype as result_dtype
 from xpatch.core.errors import PredictionError
-from xpatch.core.lattice import all_positive, lattice_overlap_add, outer_product, product_sums
+from xpatch.core.lattice import (
+    all_positive,
+    divide_by_product,
+    lattice_overlap_add,
+    outer_product,
+    product_sums,
+)
 from xpatch.core.overlap_add import (
     BlendWindow,
     BlockWeights,
@@ -44,7 +50,7 @@ from xpatch.core.overlap_add import (
     on_lattice,
     place_patches,
 )
-from xpatch.core.plan import Plan, chunk_starts
+from xpatch.core.plan import Plan, chunk_starts, reaching
 from xpatch.core.regroup import row_sources
 from xpatch.core.vote import vote_partial, vote_pieces
 from xpatch.core.weighted import check_weights, weigher, weighted_sums
@@ -124,7 +130,7 @@ class Partial:
         if any(h <= low for low, h in zip(lo, hi)):
             return None
         index = (Ellipsis, *(slice(a - o, b - o) for a, b, o in zip(lo, hi, self.origin)))
-        reach = ((self.anchors < hi) & (self.anchors + np.asarray(size) > lo)).all(axis=1)
+        reach = reaching(self.anchors, size, lo, hi)
         weight = None if self.weight is None else self.weight[index]
         shadow = None if self.shadow is None else self.shadow[index]
         return Partial(
@@ -273,7 +279,7 @@ def combine_partials(
         sums = product_sums(anchors, window.factors, origin, block_shape)
         if sums is not None and all_positive(sums):
             if reduce == "mean":
-                np.divide(out, outer_product(sums, real), out=out)
+                divide_by_product(out, sums, real)
             return out.astype(acc, copy=False)
         if sums is not None:
             total = outer_product(sums, np.dtype(np.float64))
