@@ -194,31 +194,6 @@ def test_the_outer_product_and_its_positivity_match_numpys(axes, dtype):
     assert lattice.all_positive(sums) == bool((full > 0).all())
 
 
-@settings(max_examples=200, deadline=None)
-@given(
-    AXIS_SUMS.filter(lambda axes: all(v > 0 for a in axes for v in a)),
-    st.sampled_from(["float32", "float64"]),
-    st.lists(st.integers(1, 3), max_size=1),
-    st.sampled_from([1, 8, 40, 64 * 1024]),
-)
-def test_dividing_by_the_product_in_bands_gives_the_bits_of_the_whole_product(
-    axes, dtype, lead, band_bytes
-):
-    """Each band's Σw rounds as the box-sized product does, whatever the band's rows."""
-    sums = [np.array(a, dtype=np.float64) for a in axes]
-    dtype = np.dtype(dtype)
-    shape = (*lead, *(len(s) for s in sums))
-    values = np.random.default_rng(len(shape)).random(shape).astype(dtype) * 7 - 3
-    got = values.copy()
-    with np.errstate(all="ignore"):  # products that underflow the dtype: inf, as before
-        expected = values / lattice.outer_product(sums, dtype)
-        with mock.patch.object(lattice, "DIVIDE_BAND_BYTES", band_bytes):
-            lattice.divide_by_product(got, sums, dtype)
-    np.testing.assert_array_equal(
-        got.view(f"u{dtype.itemsize}"), expected.view(f"u{dtype.itemsize}")
-    )
-
-
 @settings(max_examples=300, deadline=None)
 @given(
     st.lists(st.integers(-60, 60), max_size=40),

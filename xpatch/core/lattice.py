@@ -42,9 +42,6 @@ CHUNK_BYTES = 512 * 2**10
 #: us each patch by patch, 64x64 the same either way).
 PATCH_MAJOR_BYTES = 256
 
-#: Bytes of the band of Σw that :func:`divide_by_product` makes at a time (stays in cache).
-DIVIDE_BAND_BYTES = 64 * 1024
-
 #: Which code adds a batch of patches (:meth:`LatticeBox.blend`): numba's compiled
 #: kernel, or its numpy twin (:func:`blend_patches_numpy`), which gives the same bits.
 Kernel = Literal["compiled", "numpy"]
@@ -336,36 +333,6 @@ def outer_product(sums: Sequence[np.ndarray], dtype: np.dtype) -> np.ndarray:
     out = np.empty((*head.shape, *sums[-1].shape), dtype=dtype)
     np.multiply(head[..., None], sums[-1], out=out)
     return out
-
-
-def divide_by_product(out: np.ndarray, sums: Sequence[np.ndarray], dtype: np.dtype) -> None:
-    """``np.divide(out, outer_product(sums, dtype), out=out)``, a band of rows at a time.
-
-    The same bits, with a product only a band in size: the box-sized one took
-    fresh pages and a pass of its own (a quarter of a lazy block's combination).
-    ``out`` is ``(*lead, *(len(s) for s in sums))``.
-
-    Examples
-    --------
-    >>> out = np.ones((2, 3), dtype="f4")
-    >>> divide_by_product(out, [np.array([1.0, 2.0]), np.array([1.0, 4.0, 8.0])], out.dtype)
-    >>> out.tolist()
-    [[1.0, 0.25, 0.125], [0.5, 0.125, 0.0625]]
-    """
-    dtype = np.dtype(dtype)
-    trailing = [len(s) for s in sums[1:]]
-    row_bytes = int(np.prod(trailing, dtype=np.int64)) * dtype.itemsize
-    band = max(DIVIDE_BAND_BYTES // max(row_bytes, 1), 1)
-    scratch = np.empty((min(band, len(sums[0])), *trailing), dtype=dtype)
-    rest = (slice(None),) * len(trailing)
-    for start in range(0, len(sums[0]), band):
-        factors = [sums[0][start : start + band], *sums[1:]]
-        # In outer_product's order, so that each cell's product rounds as there.
-        head = functools.reduce(np.multiply.outer, factors[:-1], np.ones((), np.float64))
-        part = scratch[: len(factors[0])]
-        np.multiply(head[..., None], factors[-1], out=part)
-        target = out[(Ellipsis, slice(start, start + len(factors[0])), *rest)]
-        np.divide(target, part, out=target)
 
 
 def all_positive(sums: Sequence[np.ndarray]) -> bool:

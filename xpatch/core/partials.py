@@ -33,13 +33,7 @@ from xpatch.core.dtypes import covers_every_cell as covers_every_cell  # re-expo
 from xpatch.core.dtypes import plan_covers as plan_covers
 from xpatch.core.dtypes import result_dtype as result_dtype
 from xpatch.core.errors import PredictionError
-from xpatch.core.lattice import (
-    all_positive,
-    divide_by_product,
-    lattice_overlap_add,
-    outer_product,
-    product_sums,
-)
+from xpatch.core.lattice import all_positive, lattice_overlap_add, outer_product, product_sums
 from xpatch.core.overlap_add import (
     BlendWindow,
     BlockWeights,
@@ -279,7 +273,7 @@ def combine_partials(
         sums = product_sums(anchors, window.factors, origin, block_shape)
         if sums is not None and all_positive(sums):
             if reduce == "mean":
-                divide_by_product(out, sums, real)
+                np.divide(out, outer_product(sums, real), out=out)
             return out.astype(acc, copy=False)
         if sums is not None:
             total = outer_product(sums, np.dtype(np.float64))
