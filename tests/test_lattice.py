@@ -15,7 +15,7 @@ import dask.array as dsa
 import numpy as np
 import pytest
 import xarray as xr
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import xpatch  # noqa: F401 (registers .patch)
@@ -198,15 +198,22 @@ def test_the_outer_product_and_its_positivity_match_numpys(axes, dtype):
 @given(
     st.lists(st.integers(-60, 60), max_size=40),
     st.sampled_from([1, 7, 1000, 10**9]),
-    st.sampled_from(["int64", "int32", "uint16"]),
+    st.sampled_from(["int64", "int32", "int16", "int8", "uint16", "uint64"]),
 )
-def test_axis_starts_are_numpys_unique_and_its_inverse(values, scale, dtype):
-    """The table for a short range and the sort for a long one give np.unique's answer."""
+@example(values=[-100, 100] + [0] * 40, scale=1, dtype="int8")  # a range the table takes
+@example(values=[-300, 300] + [0] * 15_000, scale=100, dtype="int16")
+@example(values=[-1, -2, -1], scale=1, dtype="uint64")  # past 2**63, a short range
+def test_unique_inverse_is_numpys(values, scale, dtype):
+    """The table for a short range and the sort for a long one give np.unique's answer.
+
+    Narrow integers span more than their maximum (int8 -100 and 100), and uint64
+    holds values past 2**63 (negative ones cast): neither may wrap.
+    """
     column = np.array(values, dtype=np.int64) * scale
-    if np.dtype(dtype).kind == "u":
+    if dtype == "uint16":
         column = np.abs(column) % 60000
-    column = column.astype(dtype)
-    starts, ranks = lattice.axis_starts(column)
+    column = column.astype(dtype)  # int8 and int16 wrap here: still a column to take
+    starts, ranks = lattice.unique_inverse(column)
     unique, inverse = np.unique(column, return_inverse=True)
     assert starts.dtype == unique.dtype
     np.testing.assert_array_equal(starts, unique)

@@ -47,7 +47,7 @@ PATCH_MAJOR_BYTES = 256
 Kernel = Literal["compiled", "numpy"]
 
 
-def axis_starts(column: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def unique_inverse(column: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Return the sorted distinct values of ``column`` and each value's rank among them.
 
     ``np.unique(column, return_inverse=True)``, by a table of the values' range where
@@ -56,23 +56,22 @@ def axis_starts(column: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
     Examples
     --------
-    >>> [a.tolist() for a in axis_starts(np.array([8, 0, 8, 4]))]
+    >>> [a.tolist() for a in unique_inverse(np.array([8, 0, 8, 4]))]
     [[0, 4, 8], [2, 0, 2, 1]]
     """
     column = np.asarray(column)
-    if not len(column) or column.dtype.kind not in "iu":
-        values, ranks = np.unique(column, return_inverse=True)
-        return values, ranks.reshape(-1)
-    low, high = int(column.min()), int(column.max())
-    if high - low > 4 * len(column) + 64:
-        values, ranks = np.unique(column, return_inverse=True)
-        return values, ranks.reshape(-1)
-    offsets = column - low
-    present = np.zeros(high - low + 1, dtype=bool)
-    present[offsets] = True
-    values = (np.flatnonzero(present) + low).astype(column.dtype, copy=False)
-    ranks = np.cumsum(present, dtype=np.intp)[offsets] - 1
-    return values, ranks
+    # The table needs the offsets exact in int64: not for uint64, which may pass 2**63.
+    tabled = column.dtype.kind == "i" or (column.dtype.kind == "u" and column.itemsize <= 4)
+    if len(column) and tabled:
+        low, high = int(column.min()), int(column.max())
+        if high - low <= 4 * len(column) + 64:
+            offsets = column.astype(np.int64) - low  # in the column's dtype, int8 would wrap
+            present = np.zeros(high - low + 1, dtype=bool)
+            present[offsets] = True
+            values = (np.flatnonzero(present) + low).astype(column.dtype)
+            return values, np.cumsum(present, dtype=np.intp)[offsets] - 1
+    values, ranks = np.unique(column, return_inverse=True)
+    return values, ranks.reshape(-1)
 
 
 def product_starts(anchors: np.ndarray) -> list[np.ndarray] | None:
@@ -88,7 +87,7 @@ def product_starts(anchors: np.ndarray) -> list[np.ndarray] | None:
     anchors = np.asarray(anchors)
     if anchors.ndim != 2 or len(anchors) == 0:
         return None
-    starts = [axis_starts(anchors[:, j])[0] for j in range(anchors.shape[1])]
+    starts = [unique_inverse(anchors[:, j])[0] for j in range(anchors.shape[1])]
     if int(np.prod([len(s) for s in starts], dtype=np.int64)) != len(anchors):
         return None
     k = len(starts)
@@ -110,7 +109,7 @@ def covering_starts(anchors: np.ndarray) -> list[np.ndarray] | None:
     True
     """
     anchors = np.asarray(anchors)
-    starts, ranks = zip(*(axis_starts(anchors[:, j]) for j in range(anchors.shape[1])))
+    starts, ranks = zip(*(unique_inverse(anchors[:, j]) for j in range(anchors.shape[1])))
     count = int(np.prod([len(st) for st in starts], dtype=np.int64))
     if count != len(anchors):
         return None

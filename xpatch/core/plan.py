@@ -264,7 +264,9 @@ def column_bounds(anchors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             np.array([c.max() for c in columns], dtype=anchors.dtype))  # fmt: skip
 
 
-def reaching(anchors: np.ndarray, size, lo, hi) -> np.ndarray:
+def reaching(
+    anchors: np.ndarray, size: Sequence[int], lo: Sequence[int], hi: Sequence[int]
+) -> np.ndarray:
     """Which patches of ``size`` at ``(n, k)`` ``anchors`` reach into the box ``[lo, hi)``.
 
     Column by column, for the reason :func:`column_bounds` gives (8x faster).
