@@ -29,6 +29,7 @@ import xpatch  # noqa: F401 (registers .patch)
 from tests.test_kernels import reference
 from xpatch.core import apply as apply_module
 from xpatch.core import batch_blend, compiled, extract, lattice
+from xpatch.core.windows import BlendWindow
 
 pytestmark = pytest.mark.filterwarnings("ignore::xpatch.UncoveredCellsWarning")  # gaps on purpose
 #: The eager path blends batch by batch with numba's kernel (whole groups without it).
@@ -401,3 +402,77 @@ def test_a_slow_blend_holds_at_most_two_batches_of_results(monkeypatch):
     # Two, and a third for the moment the blending thread takes to drop the batch it
     # has just blended; before the bound, all 33 batches could pile up.
     assert len(p) // 3 > 10 and most[0] <= 3
+
+
+@needs_numba
+@pytest.mark.parametrize(
+    ("layout", "options"),
+    [
+        (dict(y=16, x=16, stride=8, window="hann"), dict(batch_size=7)),
+        (
+            dict(y=16, x=16, stride=5, window="hann", boundary="pad"),
+            dict(batch_size=5, pad_batch=True),
+        ),
+        (dict(y=12, x=10, stride=4, window="triang"), dict(batch_size=9, reduce="sum")),
+        (dict(y=16, x=16, stride=8, window="hann"), dict(batch_size=8, scale=2)),
+        (
+            dict(y=16, x=16, stride=8, window="hann", boundary="pad", pad_mode="reflect"),
+            dict(batch_size=6),
+        ),
+    ],
+)
+def test_large_groups_of_small_patches_go_slab_by_slab_as_whole_groups_would(
+    monkeypatch, layout, options
+):
+    """Past GROUP_PATCH_BYTES a task holds one slab of whole batches, not its group's
+    patches; fn sees the same batches, and the blend gives the whole group's values
+    (to rounding: NaN in the input takes the exact path there, valid weights here)."""
+    values = np.random.default_rng(3).random((2, 300, 260)).astype("float32")
+    values[0, 5:9, 7:30] = np.nan
+    p = xr.DataArray(values, dims=("band", "y", "x")).chunk({"y": 100, "x": 130}).patch(**layout)
+    scale = options.get("scale", 1)
+
+    def fn(batch):
+        seen.append(len(batch))
+        doubled = np.sqrt(batch) * 2
+        return np.repeat(np.repeat(doubled, scale, -1), scale, -2)
+
+    held: list[int] = []
+    run_batches = apply_module.run_batches
+
+    def counting(patches, *args, **kwargs):
+        held.append(len(patches))
+        return run_batches(patches, *args, **kwargs)
+
+    monkeypatch.setattr(apply_module, "run_batches", counting)
+    results, calls, largest = {}, {}, {}
+    for mode, group_bytes in (("whole", 2**40), ("slabs", 0)):
+        monkeypatch.setattr(batch_blend, "GROUP_PATCH_BYTES", group_bytes)
+        monkeypatch.setattr(batch_blend, "SLAB_BYTES", 30_000)
+        seen, held[:] = [], []
+        results[mode] = p.apply(fn, **options).compute(scheduler="sync").values
+        calls[mode], largest[mode] = list(seen), max(held)
+    assert calls["slabs"] == calls["whole"]  # the same batches, in the same order
+    batch = options["batch_size"]
+    patch_bytes = 2 * 4 * layout["y"] * layout["x"] * scale**2  # 2 bands of float32
+    assert largest["slabs"] <= batch * max(30_000 // (batch * patch_bytes), 1) < largest["whole"]
+    np.testing.assert_allclose(results["slabs"], results["whole"], rtol=1e-5, atol=1e-6,
+                               equal_nan=True)  # fmt: skip
+    np.testing.assert_array_equal(np.isnan(results["slabs"]), np.isnan(results["whole"]))
+
+
+def test_slabs_are_for_large_groups_of_float_means_and_sums_with_numba(monkeypatch):
+    line = np.hanning(8)[1:-1]
+    window = BlendWindow.of(np.outer(line, line))
+    unseparable = BlendWindow.of(np.outer(line, line) + np.eye(6))
+    f4 = np.dtype("float32")
+    big = batch_blend.GROUP_PATCH_BYTES + 1
+    assert batch_blend.slab_kernel("mean", f4, window, f4, batch_blend.GROUP_PATCH_BYTES) is None
+    assert batch_blend.slab_kernel("max", f4, window, f4, big) is None
+    assert batch_blend.slab_kernel("sum", np.dtype("int64"), window, f4, big) is None
+    assert batch_blend.slab_kernel("mean", f4, unseparable, f4, big) is None
+    monkeypatch.setattr(compiled, "AVAILABLE", False)  # without numba: whole groups
+    assert batch_blend.slab_kernel("mean", f4, window, f4, big) is None
+    monkeypatch.setattr(compiled, "AVAILABLE", True)
+    assert batch_blend.slab_kernel("mean", f4, window, f4, big) == "compiled"
+    assert batch_blend.slab_kernel("sum", f4, window, f4, big) == "compiled"

@@ -25,6 +25,8 @@ from xpatch.core.batch_blend import (
     SharedCut,
     batch_kernel,
     blend_as_they_come,
+    slab_kernel,
+    slab_patches,
 )
 from xpatch.core.callables import code_token
 from xpatch.core.dtypes import working_dtype
@@ -32,7 +34,6 @@ from xpatch.core.errors import PredictionError
 from xpatch.core.extract import (
     cut_from_pieces,
     extract_numpy,
-    extract_task,
     group_reads,
     join_input,
     strip_reads,
@@ -253,7 +254,28 @@ def _apply_task(
                 result = None
             total, valid = blend.finish(box_origin, box_shape)
             return Partial(tuple(int(o) for o in box_origin), total, valid, anchors)
-    patches = extract_task(nested, crops, axes, local_anchors, size, pad_value, takes)
+    joined = join_input(nested, crops, takes)
+    carried = int(np.prod(joined.shape[: joined.ndim - len(axes)], dtype=np.int64))
+    patch_bytes = max(carried * int(np.prod(size)) * joined.itemsize, cells * dtype.itemsize)
+    kernel = slab_kernel(reduce, acc, window, dtype, len(anchors) * patch_bytes)
+    if patch_weights is None and kernel is not None:
+        sums = working_dtype(acc, reduce, window)
+        blend = BatchBlend.start(anchors, box_origin, box_shape, window.factors, False,
+                                 lead_shape, sums, kernel)  # fmt: skip
+        if blend is not None:  # a slab of whole batches at a time, cut from the join
+            step = slab_patches(batch_size, patch_bytes)
+            for start in range(0, len(anchors), step):
+                part = slice(start, start + step)
+                patches = extract_numpy(joined, axes, local_anchors[part], size, pad_value)
+                result = run_batches(patches, fn, batch_size, len(axes), lead_shape, dtype,
+                                     pad_batch, out_patch, into_patches=True)  # fmt: skip
+                patches = None  # result may be the same array: it stays until blended
+                blend.add(anchors[part], result)
+                result = None
+            total, valid = blend.finish(box_origin, box_shape)
+            return Partial(tuple(int(o) for o in box_origin), total, valid, anchors)
+    patches = extract_numpy(joined, axes, local_anchors, size, pad_value)
+    del joined
     predictions = run_batches(
         patches, fn, batch_size, len(axes), lead_shape, dtype, pad_batch, out_patch,
         into_patches=True,
@@ -431,8 +453,11 @@ def apply_dask(
     that reads the input blocks the group touches, cuts its patches, runs ``fn``
     over them in batches and adds the results into the group's box
     (:func:`~xpatch.core.partials.partial_sums`); the predictions never leave
-    the task. Output blocks (the plan's grid) combine the pieces of those
-    partials (:func:`~xpatch.core.partials.assemble_blocks`). ``fn`` and the
+    the task, and a task holds one batch of large patches, or one slab of small
+    ones when its group's would pass 16 MiB
+    (:func:`~xpatch.core.batch_blend.slab_kernel`). Output blocks (the plan's
+    grid) combine the pieces of those partials
+    (:func:`~xpatch.core.partials.assemble_blocks`). ``fn`` and the
     window enter the graph once. With ``out_plan`` (the plan on an output grid
     at another resolution) the patches are cut on ``plan`` and blended on it;
     ``weights`` (per patch, the user's order) enter each group's task as its share.
