@@ -471,6 +471,10 @@ def test_slabs_are_for_large_groups_of_float_means_and_sums_with_numba(monkeypat
     assert batch_blend.slab_kernel("max", f4, window, f4, big) is None
     assert batch_blend.slab_kernel("sum", np.dtype("int64"), window, f4, big) is None
     assert batch_blend.slab_kernel("mean", f4, unseparable, f4, big) is None
+    # Integer predictions keep whole groups, whose path checks float sums for rounding.
+    assert (
+        batch_blend.slab_kernel("sum", np.dtype("float64"), window, np.dtype("int64"), big) is None
+    )
     monkeypatch.setattr(compiled, "AVAILABLE", False)  # without numba: whole groups
     assert batch_blend.slab_kernel("mean", f4, window, f4, big) is None
     monkeypatch.setattr(compiled, "AVAILABLE", True)

@@ -255,8 +255,12 @@ def _apply_task(
             total, valid = blend.finish(box_origin, box_shape)
             return Partial(tuple(int(o) for o in box_origin), total, valid, anchors)
     joined = join_input(nested, crops, takes)
+    dtype = np.dtype(dtype)
     carried = int(np.prod(joined.shape[: joined.ndim - len(axes)], dtype=np.int64))
-    patch_bytes = max(carried * int(np.prod(size)) * joined.itemsize, cells * dtype.itemsize)
+    patch_cells = carried * int(np.prod(size))
+    patch_bytes = patch_cells * joined.itemsize
+    if patch_cells != cells or joined.dtype != dtype:  # fn's results take arrays of their own
+        patch_bytes += cells * dtype.itemsize
     kernel = slab_kernel(reduce, acc, window, dtype, len(anchors) * patch_bytes)
     if patch_weights is None and kernel is not None:
         sums = working_dtype(acc, reduce, window)

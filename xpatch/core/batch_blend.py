@@ -50,11 +50,13 @@ def batch_kernel(
     more per batch than the copy of their predictions that a whole group spares.
     Per-patch weights take the other path (the callers check them).
 
-    In dask tasks the kernel is numpy's: there the blend is a small part of a task
-    (reading, computing and storing chunks take the rest: a 1 GiB write took
-    6.2-6.5 s with it and 6.6-7.0 s with numba's), and loading numba's LLVM adds
-    about 105 MiB to every process that runs the tasks (122 -> 227 MiB), a quarter
-    of a 400 MiB budget. Eager arrays take numba's, where it is installed; without
+    In dask tasks the kernel of large patches is numpy's: there the blend is a small
+    part of a task (reading, computing and storing chunks take the rest: a 1 GiB
+    write took 6.2-6.5 s with it and 6.6-7.0 s with numba's), and loading numba's
+    LLVM adds about 105 MiB to every process that runs the tasks (122 -> 227 MiB),
+    a quarter of a 400 MiB budget. (Small patches load numba anyway, for the lattice
+    kernel, and large groups of them take its patch kernel: :func:`slab_kernel`.)
+    Eager arrays take numba's, where it is installed; without
     it they keep whole groups, whose blend two threads share (best 19 ms against
     22 ms batch by batch with numpy, for a 2048² ``apply``). Both kernels give the
     same bits.
@@ -85,11 +87,13 @@ def slab_kernel(
     predictions) it is cut, run and blended a slab of whole batches at a time by
     numba's patch kernel, so that a task holds one slab: a 1 GiB write of 16x16
     patches at stride 8 (64 MiB of patches per 1024² chunk of 4 bands) peaked at
-    407 MiB instead of 495-508, in 10.2-10.5 s instead of 11.0-14.3. Without
-    numba, or off a float mean or sum with a separable 2-D window, None.
+    408 MiB instead of 495-508, in 7.8 s instead of 9.8. Without numba, for
+    integer predictions (whose float sums the whole group's path checks for
+    rounding), or off a float mean or sum with a separable 2-D window, None.
     """
     fits = (
         group_bytes > GROUP_PATCH_BYTES
+        and np.dtype(values).kind == "f"
         and reduce in ("mean", "sum")
         and np.dtype(acc).kind == "f"
         and window.factors is not None
