@@ -230,56 +230,54 @@ def _apply_task(
     patch_weights=None,
 ) -> Partial:  # fmt: skip
     cells = int(np.prod([*lead_shape, *(out_patch or size)], dtype=np.int64))
+    sums = working_dtype(acc, reduce, window)
+
+    def run(patches: np.ndarray, split: bool) -> np.ndarray:
+        result = run_batches(patches, fn, batch_size, len(axes), lead_shape, dtype, pad_batch,
+                             out_patch, split, into_patches=not split)  # fmt: skip
+        return result[0] if split else result
+
     kernel = batch_kernel(reduce, acc, window, dtype, cells, in_task=True)
     if patch_weights is None and kernel is not None:
-        sums = working_dtype(acc, reduce, window)
         blend = BatchBlend.start(anchors, box_origin, box_shape, window.factors, False,
                                  lead_shape, sums, kernel)  # fmt: skip
         if blend is not None:  # batch by batch: the task holds one batch, never the group's
             joined = None  # made only for patches past the pieces, or padded
-            for start in range(0, len(anchors), batch_size):
-                batch = slice(start, start + batch_size)
+
+            def cut_batch(batch: slice) -> np.ndarray:
+                nonlocal joined
                 patches = None if takes else cut_from_pieces(
                     nested, crops, axes, local_anchors[batch], size)  # fmt: skip
                 if patches is None:
                     if joined is None:
                         joined = join_input(nested, crops, takes)
                     patches = extract_numpy(joined, axes, local_anchors[batch], size, pad_value)
-                if start + batch_size >= len(anchors):
+                if batch.stop >= len(anchors):
                     joined = None  # all cut: its memory is free before fn runs
-                (result,) = run_batches(patches, fn, batch_size, len(axes), lead_shape, dtype,
-                                        pad_batch, out_patch, True)  # fmt: skip
-                patches = None  # before the blend touches its rows
-                blend.add(anchors[batch], result)
-                result = None
-            total, valid = blend.finish(box_origin, box_shape)
-            return Partial(tuple(int(o) for o in box_origin), total, valid, anchors)
-    joined = join_input(nested, crops, takes)
+                return patches
+
+            return _blend_in_parts(blend, anchors, batch_size, cut_batch,
+                                   lambda p: run(p, True), box_origin, box_shape)  # fmt: skip
+    source = join_input(nested, crops, takes)
     dtype = np.dtype(dtype)
-    carried = int(np.prod(joined.shape[: joined.ndim - len(axes)], dtype=np.int64))
+    carried = int(np.prod(source.shape[: source.ndim - len(axes)], dtype=np.int64))
     patch_cells = carried * int(np.prod(size))
-    patch_bytes = patch_cells * joined.itemsize
-    if patch_cells != cells or joined.dtype != dtype:  # fn's results take arrays of their own
+    patch_bytes = patch_cells * source.itemsize
+    if patch_cells != cells or source.dtype != dtype:  # fn's results take arrays of their own
         patch_bytes += cells * dtype.itemsize
     kernel = slab_kernel(reduce, acc, window, dtype, len(anchors) * patch_bytes)
     if patch_weights is None and kernel is not None:
-        sums = working_dtype(acc, reduce, window)
         blend = BatchBlend.start(anchors, box_origin, box_shape, window.factors, False,
                                  lead_shape, sums, kernel)  # fmt: skip
         if blend is not None:  # a slab of whole batches at a time, cut from the join
             step = slab_patches(batch_size, patch_bytes)
-            for start in range(0, len(anchors), step):
-                part = slice(start, start + step)
-                patches = extract_numpy(joined, axes, local_anchors[part], size, pad_value)
-                result = run_batches(patches, fn, batch_size, len(axes), lead_shape, dtype,
-                                     pad_batch, out_patch, into_patches=True)  # fmt: skip
-                patches = None  # result may be the same array: it stays until blended
-                blend.add(anchors[part], result)
-                result = None
-            total, valid = blend.finish(box_origin, box_shape)
-            return Partial(tuple(int(o) for o in box_origin), total, valid, anchors)
-    patches = extract_numpy(joined, axes, local_anchors, size, pad_value)
-    del joined
+            return _blend_in_parts(
+                blend, anchors, step,
+                lambda part: extract_numpy(source, axes, local_anchors[part], size, pad_value),
+                lambda p: run(p, False), box_origin, box_shape,
+            )  # fmt: skip
+    patches = extract_numpy(source, axes, local_anchors, size, pad_value)
+    source = None  # before fn runs
     predictions = run_batches(
         patches, fn, batch_size, len(axes), lead_shape, dtype, pad_batch, out_patch,
         into_patches=True,
@@ -288,6 +286,25 @@ def _apply_task(
     return partial_sums(
         box_origin, box_shape, anchors, predictions, window, reduce, acc, patch_weights
     )
+
+
+def _blend_in_parts(
+    blend: BatchBlend,
+    anchors: np.ndarray,
+    step: int,
+    cut: Callable[[slice], np.ndarray],
+    run: Callable[[np.ndarray], np.ndarray],
+    box_origin: Sequence[int],
+    box_shape: Sequence[int],
+) -> Partial:
+    """Cut, run and blend ``step`` patches at a time: the task holds one part, never its group."""
+    for start in range(0, len(anchors), step):
+        part = slice(start, start + step)
+        result = run(cut(part))  # the patches go when fn is done (unless they are its result)
+        blend.add(anchors[part], result)
+        result = None
+    total, valid = blend.finish(box_origin, box_shape)
+    return Partial(tuple(int(o) for o in box_origin), total, valid, anchors)
 
 
 def group_weights(weights: np.ndarray | None, plan: Plan, group: int, ndim: int):

@@ -61,18 +61,27 @@ def batch_kernel(
     22 ms batch by batch with numpy, for a 2048² ``apply``). Both kernels give the
     same bits.
     """
-    if not (
-        patch_cells >= BATCH_BLEND_CELLS
-        and reduce in ("mean", "sum")
-        and np.dtype(acc).kind == "f"
-        and window.factors is not None
-        and window.values.ndim == 2
-    ):
+    if patch_cells < BATCH_BLEND_CELLS or not _on_2d_lattice(reduce, acc, window):
         return None
     if in_task:
         return "numpy"
+    return "compiled" if _compiled_takes(values, reduce, acc, window) else None
+
+
+def _on_2d_lattice(reduce: str, acc: np.dtype, window: BlendWindow) -> bool:
+    """Whether batches can be added into a box: a float mean or sum, a separable 2-D window."""
+    return (
+        reduce in ("mean", "sum")
+        and np.dtype(acc).kind == "f"
+        and window.factors is not None
+        and window.values.ndim == 2
+    )
+
+
+def _compiled_takes(values: np.dtype, reduce: str, acc: np.dtype, window: BlendWindow) -> bool:
+    """Whether numba's kernel reads ``values`` and adds them in the sums' dtype."""
     sums = working_dtype(acc, reduce, window)
-    return "compiled" if compiled.supports(values) and compiled.supports(sums) else None
+    return compiled.supports(values) and compiled.supports(sums)
 
 
 def slab_kernel(
@@ -94,13 +103,10 @@ def slab_kernel(
     fits = (
         group_bytes > GROUP_PATCH_BYTES
         and np.dtype(values).kind == "f"
-        and reduce in ("mean", "sum")
-        and np.dtype(acc).kind == "f"
-        and window.factors is not None
-        and window.values.ndim == 2
+        and _on_2d_lattice(reduce, acc, window)
+        and _compiled_takes(values, reduce, acc, window)
     )
-    sums = working_dtype(acc, reduce, window)
-    return "compiled" if fits and compiled.supports(values) and compiled.supports(sums) else None
+    return "compiled" if fits else None
 
 
 def slab_patches(batch_size: int, patch_bytes: int) -> int:
