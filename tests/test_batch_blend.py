@@ -337,6 +337,51 @@ def test_the_numpy_kernel_gives_the_compiled_kernels_bits(case):
     assert np.any(out["numpy"] != 0)  # the patches landed
 
 
+@needs_numba
+@settings(max_examples=150, deadline=None)
+@given(kernel_cases(), st.data())
+def test_the_clean_kernel_adds_up_to_the_first_nan_patch_and_zeroes_rows_it_reaches(case, data):
+    """blend_clean_patches = zeroed rows + the patch kernel's adds of the patches before a NaN.
+
+    Rows from ``zeroed`` on start as garbage (NaN among it): the ones the added
+    patches reach must hold the sums; the others must keep their garbage.
+    """
+    size, stride, counts, origin, box_shape, lead, _, sums, normalise, _, seed = case
+    values = data.draw(st.sampled_from(["f4", "f8"]))
+    rng = np.random.default_rng(seed)
+    starts = [np.arange(c) * s for c, s in zip(counts, stride)]
+    anchors = np.array([[y, x] for y in starts[0] for x in starts[1]])
+    factors = [rng.random(n) + 0.1 for n in size]
+    box = lattice.LatticeBox.around(starts, origin, box_shape, factors, normalise)
+    order = rng.permutation(len(anchors))
+    predictions = (rng.random((len(anchors), *lead, *size)) * 200 - 50).astype(values)
+    poisoned = data.draw(st.none() | st.integers(0, len(anchors) - 1))
+    if poisoned is not None:  # one value of one patch (in the order given)
+        flat = predictions[order[poisoned]].reshape(-1)
+        nan = data.draw(st.sampled_from([np.nan, -np.nan]))  # either sign bit
+        flat[data.draw(st.integers(0, flat.size - 1))] = nan
+    clean = order[:poisoned]  # infinity is no NaN: these patches are added
+    predictions[clean] = np.where(rng.random(predictions[clean].shape) < 0.1, np.inf,
+                                  predictions[clean])  # fmt: skip
+    height = box.extent[0]
+    zeroed = data.draw(st.integers(0, height))
+    garbage = np.where(rng.random((*lead, *box.extent)) < 0.5, np.nan, 7.0).astype(sums)
+    target = garbage.copy()
+    target[..., :zeroed, :] = 0
+    added, new_zeroed = compiled.blend_clean_patches(
+        target, tuple(box.lo), anchors[order], predictions[order], box.rows_of(anchors[order]),
+        box.weights, zeroed,
+    )  # fmt: skip
+    expected_added = len(anchors) if poisoned is None else poisoned
+    assert added == expected_added
+    reached = [int(anchors[p, 0]) - box.lo[0] + size[0] for p in order[:added]]
+    assert new_zeroed == max([zeroed, *reached])
+    expected = np.zeros((*lead, *box.extent), dtype=sums)
+    box.blend(expected, anchors[order[:added]], predictions[order[:added]], kernel="compiled")
+    np.testing.assert_array_equal(target[..., :new_zeroed, :], expected[..., :new_zeroed, :])
+    np.testing.assert_array_equal(target[..., new_zeroed:, :], garbage[..., new_zeroed:, :])
+
+
 def test_a_dask_write_of_large_patches_never_loads_numba(tmp_path):
     """Dask tasks blend with numpy: numba's LLVM would cost each process ~105 MiB."""
     out = tmp_path / "out.zarr"

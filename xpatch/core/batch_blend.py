@@ -195,6 +195,14 @@ class BatchBlend:
         anchors = np.asarray(anchors, dtype=np.int64).reshape(-1, 2)
         if not len(anchors):
             return
+        if self.valid is None and self.kernel == "compiled" and values.dtype.kind == "f":
+            # One read of each patch for NaN and its add, and rows zeroed as they are
+            # first reached: 0.4-1.4 ms of a 9-10 ms 2048² eager apply.
+            added, self.zeroed = self.box.blend_clean(self.total, anchors, values, self.zeroed)
+            self.blended.append(anchors[:added])
+            if added == len(anchors):
+                return
+            anchors, values = anchors[added:], values[added:]
         self._zero_to(int(anchors[:, 0].max()) - self.box.lo[0] + values.shape[-2])
         if self.valid is None and not holds_nan(values):
             self.box.blend(self.total, anchors, values, kernel=self.kernel)

@@ -108,6 +108,44 @@ def _blend_patches(out, values, ys, xs, iy, ix, weights_y, weights_x, row_lo, ro
                     target[c] += source[c] * (row_weight * column_weights[c])
 
 
+def _blend_clean_patches(
+    out, values, bits, sign_off, infinity, ys, xs, iy, ix, weights_y, weights_x, zeroed
+):
+    """As :func:`_blend_patches` (all rows) for patches free of NaN, in order, zeroing rows first.
+
+    Patch ``p`` is read for NaN (its ``bits``, as in :func:`_blend_rows`) just
+    before it is added, while it is on its way into cache; the first patch that
+    holds one is not added, and its index is returned: the caller adds it and the
+    rest with the valid values' weights. Rows ``[zeroed, y]`` of ``out`` are zeroed
+    just before a patch first adds into row ``y``. Returns the count of patches
+    added and the new ``zeroed``.
+    """
+    size_y, size_x = values.shape[2], values.shape[3]
+    for p in range(values.shape[0]):
+        top = 0
+        for lead in range(values.shape[1]):
+            for r in range(size_y):
+                row_bits = bits[p, lead, r]
+                for c in range(size_x):
+                    top = max(top, row_bits[c] & sign_off)
+        if top > infinity:
+            return p, zeroed
+        y0, x0 = ys[p], xs[p]
+        column_weights = weights_x[ix[p]]
+        for r in range(size_y):
+            while zeroed <= y0 + r:
+                for lead in range(out.shape[0]):
+                    out[lead, zeroed, :] = 0
+                zeroed += 1
+            row_weight = weights_y[iy[p], r]
+            for lead in range(values.shape[1]):
+                target = out[lead, y0 + r, x0 : x0 + size_x]
+                source = values[p, lead, r]
+                for c in range(size_x):
+                    target[c] += source[c] * (row_weight * column_weights[c])
+    return values.shape[0], zeroed
+
+
 def supports(dtype: np.dtype) -> bool:
     """Whether the kernel reads predictions of ``dtype`` (numba has no float16, for one)."""
     dtype = np.dtype(dtype)
@@ -227,3 +265,50 @@ def blend_patches(
     reached = (int(ys.min()), int(ys.max()) + values.shape[-2])
     _in_bands("_blend_patches", out, values, reached, pool, ys, xs, *indices,
               *_weights(axis_weights, out.dtype))  # fmt: skip
+
+
+def blend_clean_patches(
+    out: np.ndarray,
+    origin: tuple[int, int],
+    anchors: np.ndarray,
+    values: np.ndarray,
+    rows: tuple[np.ndarray, np.ndarray],
+    axis_weights: list[np.ndarray],
+    zeroed: int,
+) -> tuple[int, int]:
+    """Add float patches into ``out`` in order, up to the first that holds a NaN.
+
+    As :func:`blend_patches` on one thread, but each patch is read for NaN just
+    before it is added, which spares a pass over ``values`` (``holds_nan``), and
+    the rows of ``out`` from ``zeroed`` on are zeroed as the patches first reach
+    them, which spares a pass over ``out``: rows ``[0, zeroed)`` are zeroed, the
+    others may hold garbage. Returns how many patches were added (``len(values)``
+    unless patch ``added`` holds a NaN) and the new ``zeroed``.
+
+    Examples
+    --------
+    >>> out = np.full((1, 2, 4), 7.0)  # garbage past row 0
+    >>> out[:, 0] = 0
+    >>> weights = [np.ones((1, 2)), np.ones((2, 2))]
+    >>> values = np.array([[[[1.0, 1], [1, 1]]], [[[2.0, np.nan], [2, 2]]]])
+    >>> rows = (np.array([0, 0]), np.array([0, 1]))
+    >>> blend_clean_patches(out, (0, 0), np.array([[0, 0], [0, 2]]), values, rows, weights, 1)
+    (1, 2)
+    >>> out[0].tolist()
+    [[1.0, 1.0, 0.0, 0.0], [1.0, 1.0, 0.0, 0.0]]
+    """
+    if values.dtype.kind != "f":
+        raise TypeError(f"blend_clean_patches reads float predictions, not {values.dtype}")
+    flat = _flat(out, "blend_clean_patches")
+    flat_values = np.ascontiguousarray(values).reshape(values.shape[0], -1, *values.shape[-2:])
+    integer = np.dtype(f"i{values.dtype.itemsize}")
+    infinity = integer.type(np.array(np.inf, dtype=values.dtype).view(integer))
+    sign_off = integer.type(np.iinfo(integer).max)
+    ys = np.ascontiguousarray(anchors[:, 0] - origin[0], dtype=np.int64)
+    xs = np.ascontiguousarray(anchors[:, 1] - origin[1], dtype=np.int64)
+    indices = [np.ascontiguousarray(r, dtype=np.int64) for r in rows]
+    added, zeroed = _compiled("_blend_clean_patches")(
+        flat, flat_values, flat_values.view(integer), sign_off, infinity, ys, xs, *indices,
+        *_weights(axis_weights, out.dtype), zeroed,
+    )  # fmt: skip
+    return int(added), int(zeroed)

@@ -479,13 +479,30 @@ class LatticeBox(NamedTuple):
 
         The numpy kernel runs on the calling thread (``pool`` is the compiled one's).
         """
-        rows = tuple(np.searchsorted(s, anchors[:, j]) for j, s in enumerate(self.starts))
+        rows = self.rows_of(anchors)
         if kernel == "compiled":
             compiled.blend_patches(out, tuple(self.lo), anchors, values, rows, self.weights, pool)
         elif kernel == "numpy":
             blend_patches_numpy(out, tuple(self.lo), anchors, values, rows, self.weights)
         else:
             raise ValueError(f"kernel={kernel!r}: use 'compiled' or 'numpy'")
+
+    def rows_of(self, anchors: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Return the rows of ``weights`` (along each axis) of the patches at ``anchors``."""
+        return tuple(np.searchsorted(s, anchors[:, j]) for j, s in enumerate(self.starts))
+
+    def blend_clean(
+        self, out: np.ndarray, anchors: np.ndarray, values: np.ndarray, zeroed: int
+    ) -> tuple[int, int]:
+        """Add float patches in order, up to the first holding a NaN; zero rows as they are reached.
+
+        :func:`xpatch.core.compiled.blend_clean_patches` on ``out``'s rows
+        ``[zeroed, ...)``: returns the count of patches added and the new ``zeroed``.
+        """
+        rows = self.rows_of(anchors)
+        return compiled.blend_clean_patches(
+            out, tuple(self.lo), anchors, values, rows, self.weights, zeroed
+        )
 
     def cut(self, out: np.ndarray, origin: Sequence[int], box_shape: Sequence[int]) -> np.ndarray:
         """``out`` cut to the box (a copy if it reaches past it)."""
