@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import dask
 import numpy as np
@@ -325,18 +326,26 @@ def test_progress_bar_is_shown_only_when_asked(lazy, tmp_path, capsys):
     assert "100%" in loud.out + loud.err
 
 
-@pytest.mark.parametrize("blocks_per_thread", [1, 100])
+@pytest.mark.parametrize(("blocks_per_thread", "wave_count"), [(4, 4), (100, 1)])
 def test_a_write_in_waves_runs_each_patch_through_fn_once(
-    lazy, tmp_path, monkeypatch, blocks_per_thread
+    lazy, tmp_path, monkeypatch, blocks_per_thread, wave_count
 ):
     # One block row per wave (4 waves), or everything in one wave: the overhang
     # pieces carried from wave to wave spare recomputing any patch group.
     monkeypatch.setattr(xpatch.waves, "BLOCKS_PER_THREAD", blocks_per_thread)
     monkeypatch.setattr(xpatch.waves, "worker_count", lambda: 1)
+    waves = []
+    real = xpatch.waves.run_in_waves
+    monkeypatch.setattr(
+        xpatch.waves,
+        "run_in_waves",
+        lambda g, w, *a, **k: waves.append(len(w)) or real(g, w, *a, **k),
+    )
     p = patcher(lazy)
     fn = Affine()
     with dask.config.set(scheduler="synchronous"):
         assert xpatch.write(p.apply(fn), tmp_path / "o.zarr", progress=False) == 16
+    assert waves == [wave_count]
     assert fn.patches == len(p)
     np.testing.assert_allclose(xr.open_zarr(tmp_path / "o.zarr")["temp"], lazy * 2 + 1)
 
@@ -403,3 +412,73 @@ def test_dask_backed_coordinates_are_written(tmp_path):
     xpatch.write(da, tmp_path / "o.zarr", progress=False)
     stored = xr.open_zarr(tmp_path / "o.zarr")
     np.testing.assert_array_equal(stored["lat"], lat)
+
+
+# -- overhangs spilled to disk --------------------------------------------------------
+
+
+@pytest.fixture
+def spill_watch(tmp_path, monkeypatch):
+    """Spill every overhang (a budget of 0 bytes) into a folder under ``tmp_path``.
+
+    Returns what was seen: the files written, and the files still there when the
+    write ended (before the folder went), which must be none.
+    """
+    monkeypatch.setattr(xpatch.waves, "OVERHANG_BYTES", 0)
+    monkeypatch.setattr(xpatch.waves, "BLOCKS_PER_THREAD", 1)
+    monkeypatch.setattr(xpatch.waves, "worker_count", lambda: 1)
+    spills = tmp_path / "spills"
+    spills.mkdir()
+    monkeypatch.setattr(xpatch.waves.tempfile, "tempdir", str(spills))
+    seen = {"written": 0, "left": None, "folders": []}
+    real_over, real_exit = xpatch.waves.OverhangSpill.over, xpatch.waves.OverhangSpill.__exit__
+
+    def over(self, carried, graph, last_read):
+        before = len(list(self))
+        real_over(self, carried, graph, last_read)
+        seen["written"] += len(list(self)) - before
+
+    def exit_(self, *exc):
+        if self._folder is not None:
+            seen["folders"].append(self._folder)
+            seen["left"] = sorted(os.listdir(self._folder))
+        real_exit(self, *exc)
+
+    monkeypatch.setattr(xpatch.waves.OverhangSpill, "over", over)
+    monkeypatch.setattr(xpatch.waves.OverhangSpill, "__exit__", exit_)
+    seen["root"] = spills
+    return seen
+
+
+def in_waves() -> xpatch.Patcher:
+    """3 x 3 blocks whose patch groups overhang right and down: a write in 9 waves."""
+    values = np.random.default_rng(5).normal(size=(2, 96, 96))
+    da = xr.DataArray(values, dims=("band", "y", "x"), name="temp")
+    return da.chunk({"band": 2, "y": 32, "x": 32}).patch(y=8, x=8, stride=6, window="hann")
+
+
+def test_overhangs_spilled_to_disk_give_the_same_bits_and_leave_no_file(
+    tmp_path, spill_watch, monkeypatch
+):
+    p = in_waves()
+    with dask.config.set(scheduler="synchronous"):
+        with monkeypatch.context() as m:
+            m.setattr(xpatch.waves, "OVERHANG_BYTES", 2**40)
+            xpatch.write(p.apply(Affine()), tmp_path / "kept.zarr", progress=False)
+        assert spill_watch["written"] == 0
+        fn = Affine()
+        xpatch.write(p.apply(fn), tmp_path / "spilled.zarr", progress=False)
+    assert spill_watch["written"] >= 4  # at least the pieces of a row of blocks
+    assert fn.patches == len(p)  # read back from disk, not recomputed
+    np.testing.assert_array_equal(
+        xr.open_zarr(tmp_path / "spilled.zarr")["temp"],
+        xr.open_zarr(tmp_path / "kept.zarr")["temp"],
+    )
+    assert spill_watch["left"] == []  # each file went once its last reader had run
+    assert list(spill_watch["root"].iterdir()) == []  # and the folder with the write
+
+
+def test_a_failed_write_removes_its_spilled_overhangs(tmp_path, spill_watch):
+    interrupt(in_waves(), tmp_path / "o.zarr", fail_after=5)  # in the 6th of 9 waves
+    assert spill_watch["written"] > 0 and spill_watch["folders"]
+    assert list(spill_watch["root"].iterdir()) == []

@@ -14,6 +14,7 @@ Nor can they keep a smaller stand-in for an evicted entry: a chunk's frame
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import threading
 from collections import OrderedDict
@@ -189,7 +190,7 @@ class ChunkCache:
         return True, self.get(key, load)
 
     def _store(self, key: Hashable, value: object) -> None:
-        size = _nbytes(value)
+        size = nbytes_of(value)
         if size > self.max_bytes:
             return
         if FrameKey(key) in self._entries:  # the chunk itself serves what its frame did
@@ -213,7 +214,7 @@ class ChunkCache:
             except Exception:  # a frame only spares a later read: go on without it
                 frame = None
             if frame is not None:
-                frame_size = _nbytes(frame)
+                frame_size = nbytes_of(frame)
                 self._entries[FrameKey(victim)] = (frame, frame_size)
                 self._bytes += frame_size
 
@@ -235,11 +236,20 @@ class ChunkCache:
             self._loads = self._hits = self._evictions = 0
 
 
-def _nbytes(value: object) -> int:
+def nbytes_of(value: object) -> int:
+    """Bytes of the arrays in ``value``: an array, or dicts, lists, tuples and dataclasses of them.
+
+    Examples
+    --------
+    >>> nbytes_of({"a": np.zeros(3), "b": [np.zeros(2, "f4"), None]})
+    32
+    """
     if isinstance(value, dict):
-        return sum(_nbytes(v) for v in value.values())
+        return sum(nbytes_of(v) for v in value.values())
     if isinstance(value, list | tuple):
-        return sum(_nbytes(v) for v in value)
+        return sum(nbytes_of(v) for v in value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return sum(nbytes_of(getattr(value, f.name)) for f in dataclasses.fields(value))
     return int(getattr(value, "nbytes", 0))
 
 
