@@ -506,6 +506,74 @@ def test_large_groups_of_small_patches_go_slab_by_slab_as_whole_groups_would(
     np.testing.assert_array_equal(np.isnan(results["slabs"]), np.isnan(results["whole"]))
 
 
+@st.composite
+def small_layouts(draw):
+    size = [draw(st.integers(2, 14)), draw(st.integers(2, 14))]
+    stride = [draw(st.integers(max(s // 2, 1), s + 3)) for s in size]
+    grid = [s + draw(st.integers(0, 70)) for s in size]
+    chunks = [draw(st.integers(max(g // 4, 1), g)) for g in grid]
+    window = draw(st.sampled_from(["boxcar", "hann", ("gaussian", 3.0)]))
+    reduce = draw(st.sampled_from(["mean", "sum"]))
+    batch = draw(st.integers(1, 9))
+    slab_bytes = draw(st.integers(1, 20_000))
+    nan_patches = draw(st.lists(st.integers(0, 400), max_size=3))
+    seed = draw(st.integers(0, 2**16))
+    return size, stride, grid, chunks, window, reduce, batch, slab_bytes, nan_patches, seed
+
+
+@needs_numba
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(small_layouts())
+def test_slabs_of_small_patches_equal_the_reference(case):
+    """Every group of small patches in slabs (from one batch each up): the brute-force sums."""
+    size, stride, grid, chunks, window, reduce, batch, slab_bytes, nan_patches, seed = case
+    rng = np.random.default_rng(seed)
+    values = rng.random((2, *grid)).astype("float32") + 0.5
+    da = xr.DataArray(values, dims=("band", "y", "x"))
+    layout = dict(y=size[0], x=size[1], stride=dict(zip(("y", "x"), stride)), window=window)
+    p = da.patch(**layout)
+    anchors = anchors_of(p)
+    marks = {values[0, anchors[i % len(anchors), 0], anchors[i % len(anchors), 1]]
+             for i in nan_patches}  # fmt: skip
+
+    def fn(b: np.ndarray) -> np.ndarray:
+        out = np.sqrt(b) + 1
+        out[np.isin(b[:, 0, 0, 0], list(marks)), :, : size[0] // 2] = np.nan  # poisoned
+        return out
+
+    slabs: list[str] = []
+    original = batch_blend.BatchBlend.add
+
+    def add(self, anchors, values):
+        slabs.append(self.kernel)
+        return original(self, anchors, values)
+
+    with (
+        mock.patch.object(batch_blend, "GROUP_PATCH_BYTES", 0),
+        mock.patch.object(batch_blend, "SLAB_BYTES", slab_bytes),
+        mock.patch.object(batch_blend.BatchBlend, "add", add),
+    ):
+        lazy = da.chunk(dict(zip(("y", "x"), chunks))).patch(**layout)
+        got = lazy.apply(fn, batch_size=batch, reduce=reduce).compute(scheduler="sync").values
+    assert slabs and set(slabs) == {"compiled"}  # every group went slab by slab
+    predictions = fn(p.patches().transpose("patch", "band", "y", "x").values)
+    expected = reference(predictions, anchors, grid, p.blend_window.values, reduce)
+    np.testing.assert_allclose(got, expected, rtol=2e-5, atol=1e-6, equal_nan=True)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(expected))
+
+
+@pytest.mark.skipif(np.dtype(np.longdouble).itemsize <= 8, reason="long double is float64 here")
+def test_long_double_predictions_take_the_numpy_path():
+    """numba has no float128: such an apply keeps the whole-group path (it crashed)."""
+    values = np.random.default_rng(1).random((1, 200, 200))
+    p = xr.DataArray(values.astype(np.longdouble), dims=("band", "y", "x")).patch(
+        y=64, x=64, stride=48, window="hann"
+    )
+    got = p.apply(lambda b: b * 2, batch_size=4)
+    assert got.dtype == np.longdouble
+    np.testing.assert_allclose(got.values.astype(np.float64), values * 2, rtol=1e-12)
+
+
 def test_slabs_are_for_large_groups_of_float_means_and_sums_with_numba(monkeypatch):
     line = np.hanning(8)[1:-1]
     window = BlendWindow.of(np.outer(line, line))

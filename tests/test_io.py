@@ -430,8 +430,15 @@ def spill_watch(tmp_path, monkeypatch):
     spills = tmp_path / "spills"
     spills.mkdir()
     monkeypatch.setattr(xpatch.waves.tempfile, "tempdir", str(spills))
-    seen = {"written": 0, "left": None, "folders": []}
+    seen = {"written": 0, "read": 0, "left": None, "folders": []}
     real_over, real_exit = xpatch.waves.OverhangSpill.over, xpatch.waves.OverhangSpill.__exit__
+    real_read = xpatch.waves._read_spilled
+
+    def read(path):
+        seen["read"] += 1
+        return real_read(path)
+
+    monkeypatch.setattr(xpatch.waves, "_read_spilled", read)
 
     def over(self, carried, graph, last_read):
         before = len(list(self))
@@ -469,6 +476,7 @@ def test_overhangs_spilled_to_disk_give_the_same_bits_and_leave_no_file(
         fn = Affine()
         xpatch.write(p.apply(fn), tmp_path / "spilled.zarr", progress=False)
     assert spill_watch["written"] >= 4  # at least the pieces of a row of blocks
+    assert spill_watch["read"] >= spill_watch["written"]  # each read back from its file
     assert fn.patches == len(p)  # read back from disk, not recomputed
     np.testing.assert_array_equal(
         xr.open_zarr(tmp_path / "spilled.zarr")["temp"],
@@ -482,3 +490,20 @@ def test_a_failed_write_removes_its_spilled_overhangs(tmp_path, spill_watch):
     interrupt(in_waves(), tmp_path / "o.zarr", fail_after=5)  # in the 6th of 9 waves
     assert spill_watch["written"] > 0 and spill_watch["folders"]
     assert list(spill_watch["root"].iterdir()) == []
+
+
+def test_a_spill_folder_that_cannot_be_made_warns_and_keeps_the_pieces_in_memory(
+    tmp_path, spill_watch, monkeypatch
+):
+    not_a_folder = tmp_path / "file"
+    not_a_folder.write_text("")
+    monkeypatch.setattr(xpatch.waves.tempfile, "tempdir", str(not_a_folder))
+    p = in_waves()
+    fn = Affine()
+    with dask.config.set(scheduler="synchronous"):
+        with pytest.warns(RuntimeWarning, match="could not spill .* TMPDIR"):
+            xpatch.write(p.apply(fn), tmp_path / "o.zarr", progress=False)
+    assert spill_watch["written"] == spill_watch["read"] == 0
+    assert fn.patches == len(p)
+    expected = p.apply(Affine()).compute(scheduler="sync")
+    np.testing.assert_allclose(xr.open_zarr(tmp_path / "o.zarr")["temp"], expected)

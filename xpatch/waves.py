@@ -23,6 +23,7 @@ import shutil
 import sys
 import tempfile
 import time
+import warnings
 from typing import Any
 
 import dask
@@ -47,7 +48,7 @@ CLUSTER_WAVE_FACTOR = 4
 
 #: Overhang pieces kept between local waves past this many bytes wait in files
 #: (:class:`OverhangSpill`): a row of them grows with the output's width. With 16 MiB a
-#: 4 GiB write peaked at 329-336 MiB against 353-358 with none spilled, in 26 s against 25.
+#: 4 GiB write peaked at 329-336 MiB against 353-358 with none spilled, in 26-27 s against 25.
 OVERHANG_BYTES = 16 * 2**20
 
 #: Waves are given up when, together, they would run this many times the tasks of
@@ -235,6 +236,8 @@ class OverhangSpill:
     ``budget`` bytes, the pieces read last (the latest ``last_read``) go to a
     temporary folder, and the graph reads them back from there; their file goes
     when their last reader has run, the folder when the write ends, failed or not.
+    If the folder cannot be made or written (a full disk), the write warns and keeps
+    its pieces in memory. Where ``TMPDIR`` is a tmpfs, the files are in memory too.
     A cluster's waves keep their pieces on the workers, which spill by themselves.
 
     Examples
@@ -279,16 +282,36 @@ class OverhangSpill:
         for key in sorted(sizes, key=lambda k: (last_read[k], sizes[k]), reverse=True):
             if held <= self.budget:
                 break
-            if self._folder is None:
-                self._folder = tempfile.mkdtemp(prefix="xpatch-overhangs-")
-            path = os.path.join(self._folder, f"{self._count}.pickle")
-            self._count += 1
-            with open(path, "wb") as file:
-                pickle.dump(carried[key], file, protocol=pickle.HIGHEST_PROTOCOL)
+            try:
+                path = self._write(carried[key])
+            except OSError as error:  # no room or no folder: memory still holds them
+                warnings.warn(
+                    f"xpatch could not spill overhang pieces of this write to "
+                    f"{self._folder or tempfile.gettempdir()!r} ({error}); it keeps them in "
+                    f"memory. Point TMPDIR at a writable local disk to bound the memory.",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+                self.budget = sys.maxsize
+                return
             self._files[key] = path
             carried[key] = path
             graph[key] = (functools.partial(_read_spilled, path),)
             held -= sizes[key]
+
+    def _write(self, pieces: Any) -> str:
+        if self._folder is None:
+            self._folder = tempfile.mkdtemp(prefix="xpatch-overhangs-")
+        path = os.path.join(self._folder, f"{self._count}.pickle")
+        self._count += 1
+        try:
+            with open(path, "wb") as file:
+                pickle.dump(pieces, file, protocol=pickle.HIGHEST_PROTOCOL)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.remove(path)
+            raise
+        return path
 
     def forget(self, key: object) -> None:
         """Remove the file of ``key``, once no wave reads it."""

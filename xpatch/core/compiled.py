@@ -147,9 +147,12 @@ def _blend_clean_patches(
 
 
 def supports(dtype: np.dtype) -> bool:
-    """Whether the kernel reads predictions of ``dtype`` (numba has no float16, for one)."""
+    """Whether the kernel reads predictions of ``dtype``: integers, float32 and float64.
+
+    numba has no float16 and no long double (float128), for two.
+    """
     dtype = np.dtype(dtype)
-    return AVAILABLE and (dtype.kind in "iu" or (dtype.kind == "f" and dtype.itemsize >= 4))
+    return AVAILABLE and (dtype.kind in "iu" or (dtype.kind == "f" and dtype.itemsize in (4, 8)))
 
 
 @functools.cache
