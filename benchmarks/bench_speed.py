@@ -21,8 +21,9 @@ Figures, each beside its target:
 6. the Grain source: first-epoch patches/s against xbatcher and numpy slicing, and
    chunk loads per chunk in a chunk-shuffled epoch with a cache of 8 chunks.
 
-Each time is the best of several repeats; a figure whose library is not installed
-(MONAI, xbatcher) says so and is skipped.
+Each time is the best of several repeats, the sides of a ratio timed in turn (so
+that both meet the same minutes of a noisy machine); a figure whose library is not
+installed (MONAI, xbatcher) says so and is skipped.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ import numpy as np
 import xarray as xr
 
 # Shared with the other benchmarks (this folder is on sys.path when a script runs).
-from bench_core import best_of, naive_overlap_add
+from bench_core import best_of, best_of_each, naive_overlap_add
 
 import xpatch
 from xpatch.core.overlap_add import overlap_add
@@ -96,15 +97,18 @@ def figure_eager(s: Sizes) -> None:
     stack = np.ascontiguousarray(pred.values)
     anchors = np.asarray(p.plan.anchors)
     w = p.weights().values.astype(np.float32)
-    t_naive = best_of(lambda: naive_overlap_add(stack, anchors, (n, n), w), s.repeat)
-    t_lib = best_of(lambda: p.reconstruct(pred), s.repeat)
-    t_one = best_of(
-        lambda: overlap_add(stack, anchors, (n, n), p.blend_window, "mean",
-                            dtype=np.dtype("float32"), threads=1),
-        s.repeat,
-    )  # fmt: skip
     dst = np.empty_like(values)
-    t_copy = best_of(lambda: np.copyto(dst, values), max(s.repeat, 10))
+    times = best_of_each(
+        {
+            "naive": lambda: naive_overlap_add(stack, anchors, (n, n), w),
+            "lib": lambda: p.reconstruct(pred),
+            "one": lambda: overlap_add(stack, anchors, (n, n), p.blend_window, "mean",
+                                       dtype=np.dtype("float32"), threads=1),
+            "copy": lambda: np.copyto(dst, values),
+        },
+        max(s.repeat, 5),
+    )  # fmt: skip
+    t_naive, t_lib, t_one, t_copy = (times[k] for k in ("naive", "lib", "one", "copy"))
     floor = (stack.nbytes + values.nbytes) / (2 * values.nbytes / t_copy)
     report("naive loop / reconstruct, machine's threads", t_naive / t_lib, 3.0)
     report("naive loop / overlap_add, one thread", t_naive / t_one, 2.0)
@@ -133,13 +137,17 @@ def small_case(da: xr.DataArray, size: int, stride: int, window: str, s: Sizes) 
     per = 1e6 / len(p)
     # Calls take 2-30 ms, where a pause of the VM is a large share of one: best of 15.
     repeat = 5 * s.repeat
-    t_naive = best_of(lambda: naive_overlap_add(stack, p.plan.anchors, da.shape, w), repeat)
-    times = {
-        "reconstruct, eager": best_of(lambda: p.reconstruct(pred), repeat),
-        "reconstruct, lazy": best_of(lambda: lazy.reconstruct(lazy_pred).compute(), repeat),
-        "apply, eager": best_of(lambda: p.apply(lambda b: b * 2), repeat),
-        "apply, lazy": best_of(lambda: lazy.apply(lambda b: b * 2).compute(), repeat),
-    }
+    times = best_of_each(
+        {
+            "naive": lambda: naive_overlap_add(stack, p.plan.anchors, da.shape, w),
+            "reconstruct, eager": lambda: p.reconstruct(pred),
+            "reconstruct, lazy": lambda: lazy.reconstruct(lazy_pred).compute(),
+            "apply, eager": lambda: p.apply(lambda b: b * 2),
+            "apply, lazy": lambda: lazy.apply(lambda b: b * 2).compute(),
+        },
+        repeat,
+    )
+    t_naive = times.pop("naive")
     for name, seconds in times.items():
         report(f"{size}x{size}/{stride} {name}: us per patch", seconds * per, 1.0, False)
     report(
@@ -160,25 +168,33 @@ def figure_apply(s: Sizes) -> None:
     p = da.patch(y=roi, x=roi, stride=stride, window=("gaussian", roi / 8))
     # A call takes ~10 ms: more repeats cost little and steady both sides' best.
     repeat = 5 * s.repeat
-    t_apply = best_of(lambda: p.apply(lambda b: b * 2, batch_size=16), repeat)
-    t_floor = best_of(lambda: p.reconstruct(p.patches() * 2), repeat)
-    report("(extraction + overlap-add alone) / apply", t_floor / t_apply, 0.8)
+    sides: dict[str, Callable[[], object]] = {
+        "apply": lambda: p.apply(lambda b: b * 2, batch_size=16),
+        "floor": lambda: p.reconstruct(p.patches() * 2),
+    }
     try:
         import torch
         from monai.inferers import sliding_window_inference
     except ImportError as error:
-        skipped("MONAI sliding_window_inference / apply", f"{error}: pip install torch monai")
+        missing = f"{error}: pip install torch monai"
+    else:
+        missing = None
+        torch.set_num_threads(os.cpu_count() or 1)
+        x = torch.from_numpy(values[None])
+
+        def monai() -> None:
+            with torch.no_grad():
+                sliding_window_inference(x, (roi, roi), 16, lambda b: b * 2, overlap=0.25,
+                                         mode="gaussian")  # fmt: skip
+
+        sides["monai"] = monai
+    times = best_of_each(sides, repeat)
+    report("(extraction + overlap-add alone) / apply", times["floor"] / times["apply"], 0.8)
+    if missing is not None:
+        skipped("MONAI sliding_window_inference / apply", missing)
         return
-    torch.set_num_threads(os.cpu_count() or 1)
-    x = torch.from_numpy(values[None])
-
-    def monai() -> None:
-        with torch.no_grad():
-            sliding_window_inference(x, (roi, roi), 16, lambda b: b * 2, overlap=0.25,
-                                     mode="gaussian")  # fmt: skip
-
-    t_monai = best_of(monai, repeat)
-    report("MONAI sliding_window_inference / apply (throughput)", t_monai / t_apply, 1.5)
+    report("MONAI sliding_window_inference / apply (throughput)", times["monai"] / times["apply"],
+           1.5)  # fmt: skip
 
 
 # -- 4. out of core ------------------------------------------------------------------------
@@ -290,9 +306,11 @@ def figure_grain(s: Sizes) -> None:
         for y, x in anchors.tolist():
             values[:, y : y + 256, x : x + 256].copy()
 
-    t_source = best_of(first_epoch(False), s.repeat)
-    t_weights = best_of(first_epoch(True), s.repeat)
-    t_numpy = best_of(numpy_slicing, s.repeat)
+    times = best_of_each(
+        {"source": first_epoch(False), "weights": first_epoch(True), "numpy": numpy_slicing},
+        s.repeat,
+    )
+    t_source, t_weights, t_numpy = times["source"], times["weights"], times["numpy"]
     # numpy slicing serves the patches only; so does the source with weights=False.
     report("source first epoch (weights=False) / numpy slicing (rate)", t_numpy / t_source, 0.8)
     print(f"     with weights (the default, 25 % more bytes): {t_numpy / t_weights:.2f} of numpy")
