@@ -440,9 +440,9 @@ def spill_watch(tmp_path, monkeypatch):
 
     monkeypatch.setattr(xpatch.waves, "_read_spilled", read)
 
-    def over(self, carried, graph, last_read):
+    def over(self, carried, graph, next_read):
         before = len(list(self))
-        real_over(self, carried, graph, last_read)
+        real_over(self, carried, graph, next_read)
         seen["written"] += len(list(self)) - before
 
     def exit_(self, *exc):

@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import dask
@@ -209,7 +210,7 @@ def run_in_waves(
                     else:
                         graph[key] = carried[key]
                 if client is None:
-                    spill.over(carried, graph, last_read)
+                    spill.over(carried, graph, functools.partial(_next_read, last_read, number))
                 _trim_memory()
         except BaseException:
             # A failed wave must not leave results on the cluster (futures that the
@@ -233,7 +234,7 @@ class OverhangSpill:
     output's width: with 4-band 1024² chunks and 256² patches at stride 192 they
     reached 25 MiB for rows of 8 blocks (a 1 GiB output) and 40 MiB for rows of 16
     (4 GiB): about 2.5 MiB a block, so half a GiB for rows of 200. Past
-    ``budget`` bytes, the pieces read last (the latest ``last_read``) go to a
+    ``budget`` bytes, the pieces whose next reader is the furthest ahead go to a
     temporary folder, and the graph reads them back from there; their file goes
     when their last reader has run, the folder when the write ends, failed or not.
     If the folder cannot be made or written (a full disk), the write warns and keeps
@@ -246,7 +247,7 @@ class OverhangSpill:
     >>> spill, graph = OverhangSpill(budget=16), {}
     >>> carried = {"a": np.zeros(2), "b": np.ones(2)}  # 16 bytes each
     >>> with spill:
-    ...     spill.over(carried, graph, {"a": 1, "b": 2})
+    ...     spill.over(carried, graph, lambda key, pieces: {"a": 1, "b": 2}[key])
     ...     print(sorted(spill), spill.held(carried), graph["b"][0]().tolist())
     ['b'] 16 [1.0, 1.0]
     """
@@ -275,11 +276,15 @@ class OverhangSpill:
         """Bytes of the pieces in ``carried`` held in memory (not spilled)."""
         return sum(nbytes_of(v) for k, v in carried.items() if k not in self._files)
 
-    def over(self, carried: dict, graph: dict, last_read: dict) -> None:
-        """Spill the pieces read last until those held fit the budget."""
+    def over(self, carried: dict, graph: dict, next_read: Callable[[Any, Any], int]) -> None:
+        """Spill the pieces read the furthest ahead until those held fit the budget.
+
+        ``next_read(key, pieces)`` is the number of the next wave that reads them.
+        """
         sizes = {k: nbytes_of(v) for k, v in carried.items() if k not in self._files}
         held = sum(sizes.values())
-        for key in sorted(sizes, key=lambda k: (last_read[k], sizes[k]), reverse=True):
+        ahead = {k: next_read(k, carried[k]) for k in sizes}
+        for key in sorted(sizes, key=lambda k: (ahead[k], sizes[k]), reverse=True):
             if held <= self.budget:
                 break
             try:
@@ -323,6 +328,16 @@ class OverhangSpill:
 def _read_spilled(path: str) -> Any:
     with open(path, "rb") as file:
         return pickle.load(file)
+
+
+def _next_read(last_read: dict, number: int, key: Any, pieces: Any) -> int:
+    """Return the first wave after ``number`` that reads the overhang ``key`` (its ``pieces``)."""
+    if not isinstance(pieces, dict):
+        return last_read[key]
+    name = str(key[0]).removesuffix("-overhang")
+    lead_block = tuple(key[2:])
+    waves = [last_read.get((name, *lead_block, *block), -1) for block in pieces]
+    return min((w for w in waves if w > number), default=last_read[key])
 
 
 def _unread_pieces(key: tuple, pieces: Any, last_read: dict, number: int) -> Any:
