@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 import xpatch
 from tests.conftest import forbid_compute
-from xpatch.core.plan import column_bounds, reaching
+from xpatch.core.plan import ChunkGrid, Plan, column_bounds, reaching
 
 SHAPE = (2, 256, 256)
 CHUNK = 64  # 16 input chunks
@@ -121,11 +121,46 @@ def test_lazy_anchor_coordinates_are_checked_not_computed():
         wrong.compute()
 
 
+@pytest.mark.parametrize("chunked", [True, False])
+def test_group_anchors_are_the_anchors_in_chunk_order(chunked):
+    scene = lazy_scene() if chunked else lazy_scene().compute()
+    starts = np.random.default_rng(4).integers(0, 256 - SIZE, (2, 40))
+    scrambled = xpatch.Anchors({"y": starts[0], "x": starts[1]})  # not in chunk order
+    orders = []
+    for sampler in (xpatch.RegularGrid(), xpatch.RandomAnchors(60, seed=3), scrambled):
+        plan = scene.patch(y=SIZE, x=SIZE, stride=STRIDE, sampler=sampler).plan
+        orders.append(plan.in_chunk_order)
+        groups = [plan.group_anchors(g) for g in range(len(plan.groups))]
+        np.testing.assert_array_equal(np.concatenate(groups), plan.anchors[plan.order])
+        assert len(groups) > 1 or not chunked
+        if plan.in_chunk_order:  # views of the plan's own (read-only) anchors
+            assert all(np.shares_memory(g, plan.anchors) for g in groups if len(g))
+            assert not any(g.flags.writeable for g in groups)
+    assert orders == [True, True, not chunked]  # both branches taken when chunked
+
+
+@pytest.mark.parametrize("keep_order", [True, False])
+@pytest.mark.parametrize("dtype", ["int64", "int32"])
+def test_compiling_a_plan_leaves_the_callers_anchors_alone(keep_order, dtype):
+    grid = ChunkGrid.from_chunks([(4, 4), (5, 5)])
+    given = np.array([[5, 6], [0, 0], [6, 1], [1, 7]], dtype=dtype)
+    before = given.copy()
+    plan = Plan.compile(given, grid, [2, 2], keep_order=keep_order)
+    assert given.flags.writeable and np.array_equal(given, before)
+    assert not plan.anchors.flags.writeable and not plan.order.flags.writeable
+    assert not np.may_share_memory(plan.anchors, given)
+    assert plan.anchors.dtype == plan.order.dtype == np.int64
+    in_chunk_order = [[0, 0], [1, 7], [6, 1], [5, 6]]  # blocks 0, 1, 2 and 3
+    np.testing.assert_array_equal(plan.anchors[plan.order], in_chunk_order)
+    np.testing.assert_array_equal(plan.anchors, before if keep_order else in_chunk_order)
+
+
 def test_the_plan_pickles_and_tokenizes_deterministically():
     p = lazy_scene().patch(y=SIZE, x=SIZE, stride=STRIDE, sampler=xpatch.RandomAnchors(50))
     clone = pickle.loads(pickle.dumps(p.plan))
     assert tokenize(clone) == tokenize(p.plan)
-    np.testing.assert_array_equal(clone.sorted_anchors, p.plan.sorted_anchors)
+    for g in range(len(p.plan.groups)):
+        np.testing.assert_array_equal(clone.group_anchors(g), p.plan.group_anchors(g))
     other = lazy_scene().patch(y=SIZE, x=SIZE, stride=STRIDE, sampler=xpatch.RandomAnchors(51))
     assert tokenize(other.plan) != tokenize(p.plan)
     assert not p.plan.anchors.flags.writeable
