@@ -7,7 +7,8 @@ its input chunks and patch groups, so memory grows with the output.
 row-major block order; :func:`run_in_waves` computes them one wave after
 another, keeping between waves only the thin pieces by which patch groups
 overhang into blocks still to come; past :data:`OVERHANG_BYTES` of them, locally,
-those read last wait in temporary files (:class:`OverhangSpill`). :mod:`xpatch.io`
+those whose next reader is furthest ahead wait in temporary files
+(:class:`OverhangSpill`). :mod:`xpatch.io`
 decides when waves are used (:func:`waves_fit_the_scheduler` or a
 ``dask.distributed`` client, and a plan that does not recompute too much).
 """
@@ -334,27 +335,29 @@ def _next_read(last_read: dict, number: int, key: Any, pieces: Any) -> int:
     """Return the first wave after ``number`` that reads the overhang ``key`` (its ``pieces``)."""
     if not isinstance(pieces, dict):
         return last_read[key]
-    name = str(key[0]).removesuffix("-overhang")
-    lead_block = tuple(key[2:])
-    waves = [last_read.get((name, *lead_block, *block), -1) for block in pieces]
+    waves = (_block_read(last_read, key, block) for block in pieces)
     return min((w for w in waves if w > number), default=last_read[key])
 
 
 def _unread_pieces(key: tuple, pieces: Any, last_read: dict, number: int) -> Any:
-    """Drop the pieces of an overhang that no wave after ``number`` reads.
+    """Drop the pieces of an overhang that no wave after ``number`` reads."""
+    if not isinstance(pieces, dict):
+        return pieces
+    return {
+        block: piece
+        for block, piece in pieces.items()
+        if _block_read(last_read, key, block) > number
+    }
+
+
+def _block_read(last_read: dict, key: tuple, block: tuple) -> int:
+    """Return the last wave that reads the piece of overhang ``key`` that falls on ``block``.
 
     An overhang ``(f"{name}-overhang", group, *lead_block)`` maps blocks to pieces;
     the block's combine task is ``(name, *lead_block, *block)``.
     """
-    if not isinstance(pieces, dict):
-        return pieces
     name = str(key[0]).removesuffix("-overhang")
-    lead_block = tuple(key[2:])
-    return {
-        block: piece
-        for block, piece in pieces.items()
-        if last_read.get((name, *lead_block, *block), -1) > number
-    }
+    return last_read.get((name, *key[2:], *block), -1)
 
 
 #: glibc's ``mallopt`` parameter of the size from which allocations are mapped.
