@@ -262,9 +262,7 @@ def blend_patches(
     """
     if len(anchors) == 0:
         return
-    ys = np.ascontiguousarray(anchors[:, 0] - origin[0], dtype=np.int64)
-    xs = np.ascontiguousarray(anchors[:, 1] - origin[1], dtype=np.int64)
-    indices = [np.ascontiguousarray(r, dtype=np.int64) for r in rows]
+    ys, xs, indices = _places(anchors, origin, rows)
     reached = (int(ys.min()), int(ys.max()) + values.shape[-2])
     _in_bands("_blend_patches", out, values, reached, pool, ys, xs, *indices,
               *_weights(axis_weights, out.dtype))  # fmt: skip
@@ -304,14 +302,17 @@ def blend_clean_patches(
         raise TypeError(f"blend_clean_patches reads float predictions, not {values.dtype}")
     flat = _flat(out, "blend_clean_patches")
     flat_values = np.ascontiguousarray(values).reshape(values.shape[0], -1, *values.shape[-2:])
-    integer = np.dtype(f"i{values.dtype.itemsize}")
-    infinity = integer.type(np.array(np.inf, dtype=values.dtype).view(integer))
-    sign_off = integer.type(np.iinfo(integer).max)
-    ys = np.ascontiguousarray(anchors[:, 0] - origin[0], dtype=np.int64)
-    xs = np.ascontiguousarray(anchors[:, 1] - origin[1], dtype=np.int64)
-    indices = [np.ascontiguousarray(r, dtype=np.int64) for r in rows]
+    bits, sign_off, infinity = _float_bits(flat_values)
+    ys, xs, indices = _places(anchors, origin, rows)
     added, zeroed = _compiled("_blend_clean_patches")(
-        flat, flat_values, flat_values.view(integer), sign_off, infinity, ys, xs, *indices,
+        flat, flat_values, bits, sign_off, infinity, ys, xs, *indices,
         *_weights(axis_weights, out.dtype), zeroed,
     )  # fmt: skip
     return int(added), int(zeroed)
+
+
+def _places(anchors: np.ndarray, origin: tuple[int, int], rows: tuple[np.ndarray, np.ndarray]):
+    """Return the patches' first rows and columns in ``out`` and their rows of the axis weights."""
+    ys = np.ascontiguousarray(anchors[:, 0] - origin[0], dtype=np.int64)
+    xs = np.ascontiguousarray(anchors[:, 1] - origin[1], dtype=np.int64)
+    return ys, xs, [np.ascontiguousarray(r, dtype=np.int64) for r in rows]
