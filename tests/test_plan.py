@@ -164,6 +164,7 @@ def test_the_plan_pickles_and_tokenizes_deterministically():
     other = lazy_scene().patch(y=SIZE, x=SIZE, stride=STRIDE, sampler=xpatch.RandomAnchors(51))
     assert tokenize(other.plan) != tokenize(p.plan)
     assert not p.plan.anchors.flags.writeable
+    assert not clone.anchors.flags.writeable and not clone.order.flags.writeable  # unpickled too
 
 
 @settings(max_examples=200, deadline=None)

@@ -496,12 +496,14 @@ def overlap_add_dask(
     lead_chunks = predictions.chunks[1 : 1 + n_lead]
     partial_keys = {}
     for g, ((start, stop), (lo, shape)) in enumerate(zip(plan.groups, plan.boxes)):
+        # One array per group, shared by its lead blocks' tasks (a gather, off chunk order).
+        anchors = plan.group_anchors(g)
+        carried_group = None if carried_plan is None else carried_plan.group_anchors(g)
         for lead_block in itertools.product(*(range(len(c)) for c in lead_chunks)):
             key = (f"{name}-partial", g, *lead_block)
             source = row_sources(
                 predictions.name, predictions.chunks[0], rows[start:stop], (*lead_block, *[0] * k)
             )
-            anchors = plan.group_anchors(g)
             carried = None
             if carried_anchors is not None:
                 carried = [
@@ -510,8 +512,8 @@ def overlap_add_dask(
                 ]
             task = (_partial_task, source, anchors, lo, shape, window_key, reduce, carried)
             layer[key] = (*task, acc)
-            if carried_plan is not None:
-                layer[key] += (None, carried_plan.group_anchors(g))
+            if carried_group is not None:
+                layer[key] += (None, carried_group)
             if weights is not None:
                 index = [b if weights.shape[1 + j] > 1 else 0 for j, b in enumerate(lead_block)]
                 layer[key] += (

@@ -290,8 +290,8 @@ def frozen_array(array: np.ndarray, dtype=np.int64) -> np.ndarray:
     return array
 
 
-def _frozen_in_place(array: np.ndarray) -> np.ndarray:
-    """Return ``array`` (int64, made here) read-only, without the copy of :func:`frozen_array`."""
+def frozen_in_place(array: np.ndarray) -> np.ndarray:
+    """Return ``array`` (int64, made by the caller) read-only, without copying it."""
     array.setflags(write=False)
     return array
 
@@ -383,9 +383,17 @@ class Plan:
             for s in range(start, stop, step)
         )
         owned = isinstance(given, np.ndarray) and not np.may_share_memory(anchors, given)
-        anchors = _frozen_in_place(anchors) if owned else frozen_array(anchors)
-        order = _frozen_in_place(order.astype(np.int64, copy=False))
+        anchors = frozen_in_place(anchors) if owned else frozen_array(anchors)
+        order = frozen_in_place(order.astype(np.int64, copy=False))
         return cls(grid, tuple(int(s) for s in size), anchors, order, groups)
+
+    def __setstate__(self, state: dict) -> None:
+        # Unpickled arrays come back writeable; a plan's stay read-only (views of them
+        # are handed out by group_anchors).
+        for name in ("anchors", "order"):
+            if isinstance(state.get(name), np.ndarray):
+                state[name] = frozen_in_place(state[name])
+        self.__dict__.update(state)
 
     def __len__(self) -> int:
         return len(self.anchors)
@@ -408,7 +416,7 @@ class Plan:
         """The chunk-order position of each patch (the inverse of :attr:`order`)."""
         position = np.empty(len(self.order), dtype=np.int64)
         position[self.order] = np.arange(len(self.order))
-        return frozen_array(position)
+        return frozen_in_place(position)
 
     @property
     def in_chunk_order(self) -> bool:
@@ -422,9 +430,10 @@ class Plan:
     def group_anchors(self, group: int) -> np.ndarray:
         """Anchors of one group, in chunk order.
 
-        Gathered at each call (unless the user's order is the chunk order): a copy of
-        all anchors in chunk order, kept, would add 16 bytes a patch to every plan
-        (64 MiB for the 4.2 million 16x16 patches of a 4 GiB output at stride 8).
+        A view of the plan's anchors when the user's order is the chunk order (samplers
+        on dask input, and input in memory held in one chunk), else gathered at each
+        call: a copy of all anchors in chunk order, kept, would add 16 bytes a patch
+        to every plan (64 MiB for the 4.2 million 16x16 patches of a 4 GiB output).
         """
         start, stop = self.groups[group]
         if self._in_chunk_order:
@@ -482,7 +491,7 @@ class Plan:
         return Plan(
             self.grid.project(axes),
             tuple(self.size[j] for j in axes),
-            frozen_array(self.anchors[:, axes]),
+            frozen_in_place(self.anchors[:, axes]),  # a fancy index: a copy
             self.order,
             self.groups,
         )

@@ -22,7 +22,7 @@ from numbers import Rational, Real
 import numpy as np
 
 from xpatch.core.errors import DimensionError, OptionError
-from xpatch.core.plan import ChunkGrid, Plan, frozen_array
+from xpatch.core.plan import ChunkGrid, Plan, frozen_in_place
 
 #: ``scale=``: one factor for every patched dim, or ``{dim: factor}`` (others: 1).
 ScaleSpec = Real | str | Mapping[Hashable, Real | str]
@@ -165,7 +165,7 @@ def scale_plan(plan: Plan, factors: Sequence[Fraction]) -> Plan:
     return Plan(
         ChunkGrid(starts),
         tuple(times(n, f) for n, f in zip(plan.size, factors)),
-        frozen_array(plan.anchors * numerators // denominators),
+        frozen_in_place(plan.anchors * numerators // denominators),
         plan.order,
         plan.groups,
     )
