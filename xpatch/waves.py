@@ -249,8 +249,8 @@ class OverhangSpill:
     >>> carried = {"a": np.zeros(2), "b": np.ones(2)}  # 16 bytes each
     >>> with spill:
     ...     spill.over(carried, graph, lambda key, pieces: {"a": 1, "b": 2}[key])
-    ...     print(sorted(spill), spill.held(carried), graph["b"][0]().tolist())
-    ['b'] 16 [1.0, 1.0]
+    ...     print(sorted(spill), carried["a"].tolist(), graph["b"][0]().tolist())
+    ['b'] [0.0, 0.0] [1.0, 1.0]
     """
 
     def __init__(self, budget: int) -> None:
@@ -272,10 +272,6 @@ class OverhangSpill:
 
     def __iter__(self):
         return iter(self._files)
-
-    def held(self, carried: dict) -> int:
-        """Bytes of the pieces in ``carried`` held in memory (not spilled)."""
-        return sum(nbytes_of(v) for k, v in carried.items() if k not in self._files)
 
     def over(self, carried: dict, graph: dict, next_read: Callable[[Any, Any], int]) -> None:
         """Spill the pieces read the furthest ahead until those held fit the budget.

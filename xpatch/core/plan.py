@@ -418,14 +418,10 @@ class Plan:
         position[self.order] = np.arange(len(self.order))
         return frozen_in_place(position)
 
-    @property
-    def in_chunk_order(self) -> bool:
-        """Whether the user's order is the chunk order."""
-        return bool((self.order == np.arange(len(self.order))).all())
-
     @functools.cached_property
-    def _in_chunk_order(self) -> bool:
-        return self.in_chunk_order
+    def in_chunk_order(self) -> bool:
+        """Whether the user's order is the chunk order (checked once: the order is frozen)."""
+        return bool((self.order == np.arange(len(self.order))).all())
 
     def group_anchors(self, group: int) -> np.ndarray:
         """Anchors of one group, in chunk order.
@@ -436,7 +432,7 @@ class Plan:
         to every plan (64 MiB for the 4.2 million 16x16 patches of a 4 GiB output).
         """
         start, stop = self.groups[group]
-        if self._in_chunk_order:
+        if self.in_chunk_order:
             return self.anchors[start:stop]
         return self.anchors[self.order[start:stop]]
 
