@@ -447,8 +447,8 @@ def spill_watch(tmp_path, monkeypatch):
 
     def exit_(self, *exc):
         if self._folder is not None:
-            seen["folders"].append(self._folder)
-            seen["left"] = sorted(os.listdir(self._folder))
+            seen["folders"].append(self._folder.path)
+            seen["left"] = sorted(os.listdir(self._folder.path))
         real_exit(self, *exc)
 
     monkeypatch.setattr(xpatch.waves.OverhangSpill, "over", over)

@@ -20,7 +20,6 @@ import ctypes
 import functools
 import os
 import pickle
-import shutil
 import sys
 import tempfile
 import time
@@ -37,6 +36,7 @@ from dask.threaded import get as threaded_get
 
 from xpatch.core.chunk_cache import nbytes_of
 from xpatch.core.overlap_add import worker_count
+from xpatch.spill_folders import LockedFolder
 
 #: Names of the store tasks of a write start with this; the progress bar counts them.
 STORE_TASK_PREFIX = "xpatch-write-"
@@ -238,6 +238,8 @@ class OverhangSpill:
     ``budget`` bytes, the pieces whose next reader is the furthest ahead go to a
     temporary folder, and the graph reads them back from there; their file goes
     when their last reader has run, the folder when the write ends, failed or not.
+    The folder of a killed process goes with the next spill in the same temporary
+    directory (:mod:`xpatch.spill_folders`).
     If the folder cannot be made or written (a full disk), the write warns and keeps
     its pieces in memory. Where ``TMPDIR`` is a tmpfs, the files are in memory too.
     A cluster's waves keep their pieces on the workers, which spill by themselves.
@@ -255,7 +257,7 @@ class OverhangSpill:
 
     def __init__(self, budget: int) -> None:
         self.budget = int(budget)
-        self._folder: str | None = None
+        self._folder: LockedFolder | None = None
         self._files: dict = {}  # spilled key -> its file
         self._count = 0
 
@@ -264,7 +266,7 @@ class OverhangSpill:
 
     def __exit__(self, *exc: object) -> None:
         if self._folder is not None:
-            shutil.rmtree(self._folder, ignore_errors=True)
+            self._folder.remove()
         self._folder, self._files = None, {}
 
     def __contains__(self, key: object) -> bool:
@@ -289,8 +291,9 @@ class OverhangSpill:
             except OSError as error:  # no room or no folder: memory still holds them
                 warnings.warn(
                     f"xpatch could not spill overhang pieces of this write to "
-                    f"{self._folder or tempfile.gettempdir()!r} ({error}); it keeps them in "
-                    f"memory. Point TMPDIR at a writable local disk to bound the memory.",
+                    f"{self._folder.path if self._folder else tempfile.gettempdir()!r} "
+                    f"({error}); it keeps them in memory. Point TMPDIR at a writable "
+                    "local disk to bound the memory.",
                     RuntimeWarning,
                     stacklevel=2,
                 )
@@ -303,8 +306,8 @@ class OverhangSpill:
 
     def _write(self, pieces: Any) -> str:
         if self._folder is None:
-            self._folder = tempfile.mkdtemp(prefix="xpatch-overhangs-")
-        path = os.path.join(self._folder, f"{self._count}.pickle")
+            self._folder = LockedFolder()
+        path = os.path.join(self._folder.path, f"{self._count}.pickle")
         self._count += 1
         try:
             with open(path, "wb") as file:
