@@ -155,6 +155,26 @@ def test_compiling_a_plan_leaves_the_callers_anchors_alone(keep_order, dtype):
     np.testing.assert_array_equal(plan.anchors, before if keep_order else in_chunk_order)
 
 
+def test_anchors_in_any_memory_layout_name_the_same_plan_and_graphs():
+    """Graph names (and with them a resumed write's fingerprint) hash the plan's memory."""
+    import pandas as pd
+
+    lazy = lazy_scene()
+    given = np.array([[0, 0], [40, 72], [100, 30], [200, 200]])
+    padded = np.zeros((8, 4), dtype=np.int64)
+    padded[::2, ::2] = given
+    from_pandas = pd.DataFrame(given, columns=["y", "x"]).to_numpy()
+    assert from_pandas.flags.f_contiguous and not from_pandas.flags.c_contiguous
+    layouts = [given, np.asfortranarray(given), padded[::2, ::2], given.astype(np.int32),
+               from_pandas, given.tolist()]  # fmt: skip
+    names = set()
+    for anchors in layouts:
+        p = lazy.patch(y=SIZE, x=SIZE, sampler=xpatch.Anchors(anchors))
+        assert p.plan.anchors.flags.c_contiguous
+        names.add((p.plan.token, p.apply(np.negative).data.name, p.to_grain().fingerprint))
+    assert len(names) == 1, names
+
+
 def test_the_plan_pickles_and_tokenizes_deterministically():
     p = lazy_scene().patch(y=SIZE, x=SIZE, stride=STRIDE, sampler=xpatch.RandomAnchors(50))
     clone = pickle.loads(pickle.dumps(p.plan))

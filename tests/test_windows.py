@@ -57,6 +57,20 @@ def test_user_array_window_is_used_as_given():
     np.testing.assert_allclose(p.reconstruct(p.patches()), da)
 
 
+def test_a_window_array_the_caller_changes_afterwards_changes_nothing():
+    da = xr.DataArray(np.random.default_rng(0).random((40, 40)), dims=("y", "x")).chunk(20)
+    user = 1 + np.add.outer(np.arange(8.0), 2 * np.arange(8.0)) / 10  # not symmetric
+    p = da.patch(y=8, x=8, stride=4, window=user)
+    lazy = p.apply(lambda b: b * 2 + b.mean(axis=(1, 2), keepdims=True))
+    expected = lazy.compute().values
+    user[:] = user.T  # the caller reuses their array
+    np.testing.assert_array_equal(lazy.compute().values, expected)  # the built graph
+    np.testing.assert_array_equal(p.weights().values, user.T)
+    # The same values in Fortran order name the same graphs: their hash reads memory.
+    again = da.patch(y=8, x=8, stride=4, window=np.asfortranarray(user.T))
+    assert again.reconstruct(again.patches()).data.name == p.reconstruct(p.patches()).data.name
+
+
 @pytest.mark.parametrize(
     ("window", "match"),
     [

@@ -285,7 +285,7 @@ def reaching(
 
 def frozen_array(array: np.ndarray, dtype=np.int64) -> np.ndarray:
     """Return a read-only copy of ``array``, as a plan holds its arrays."""
-    array = np.array(array, dtype=dtype)
+    array = np.array(array, dtype=dtype, order="C")
     array.setflags(write=False)
     return array
 
@@ -363,7 +363,9 @@ class Plan:
         # A plan's arrays take 24 bytes a patch; building them takes no more than
         # twice that again (there are millions of small patches in a large output).
         given = anchors
-        anchors = np.asarray(anchors, dtype=np.int64).reshape(-1, len(grid.starts))
+        # In C order whatever the caller's layout (pandas hands out columns in Fortran
+        # order): the token hashes the memory, and a resumed write must find the same.
+        anchors = np.ascontiguousarray(anchors, dtype=np.int64).reshape(-1, len(grid.starts))
         ids = grid.block_ids(anchors)
         order = chunk_order(ids, grid.count)
         sorted_ids = ids[order]

@@ -107,8 +107,12 @@ def window_1d(spec: WindowSpec, n: int) -> np.ndarray:
 def check_window_array(
     window: np.ndarray, shape: tuple[int, ...], spec: object = "window array"
 ) -> np.ndarray:
-    """Check that a window has the patch shape and strictly positive finite values."""
-    window = np.asarray(window, dtype=np.float64)
+    """Return a read-only copy of a window with the patch shape and strictly positive values.
+
+    A copy in C order: the caller may change their array afterwards, and graphs
+    built on the window (named by a hash of its memory) must not change with it.
+    """
+    window = np.array(window, dtype=np.float64, order="C")
     if window.shape != shape:
         raise OptionError(f"window has shape {window.shape}; it must have the patch shape {shape}.")
     if not np.all(np.isfinite(window)) or not np.all(window > 0):
@@ -117,6 +121,7 @@ def check_window_array(
             "or non-finite values; every weight must be > 0 so that no covered cell ends up "
             "with zero total weight. Clamp it to a small floor, e.g. np.maximum(w, 1e-3)."
         )
+    window.setflags(write=False)
     return window
 
 
