@@ -23,7 +23,7 @@ import xpatch
 import xpatch.spill_folders
 import xpatch.waves
 from tests import spill_writer
-from xpatch.spill_folders import PREFIX, remove_stale
+from xpatch.spill_folders import UNLOCKED_MARK, folder_prefix, remove_stale
 
 pytestmark = pytest.mark.skipif(
     xpatch.spill_folders.fcntl is None, reason="folders are locked with fcntl.flock (POSIX)"
@@ -34,7 +34,7 @@ COMMAND = [sys.executable, "-c", "from tests.spill_writer import main; main()"]
 
 
 def spill_folders(root: Path) -> list[Path]:
-    return sorted(p for p in root.iterdir() if p.name.startswith(PREFIX))
+    return sorted(p for p in root.iterdir() if p.name.startswith(folder_prefix()))
 
 
 def start_writer(root: Path, out: Path, point: str) -> subprocess.Popen:
@@ -49,11 +49,13 @@ def start_writer(root: Path, out: Path, point: str) -> subprocess.Popen:
 
 
 def go(writer: subprocess.Popen) -> None:
+    """Tell a ready writer to start its write."""
     writer.stdin.write("go\n")
     writer.stdin.flush()
 
 
 def finish(writer: subprocess.Popen) -> tuple[int, str]:
+    """Wait for a writer to end; return its exit status and its stderr."""
     _, err = writer.communicate(timeout=120)
     return writer.returncode, err
 
@@ -113,18 +115,21 @@ def test_writers_killed_at_random_moments_leave_nothing_after_the_next_spill(
     duration = float(done.split()[-1])  # of the write alone, in the writer
     assert spill_folders(spills_into) == []
     rng = random.Random(13)
-    seen_folder = 0
     for case in range(3):
         writer = start_writer(spills_into, tmp_path / f"killed-{case}.zarr", "none")
         go(writer)
-        time.sleep(rng.uniform(case, case + 1) / 3 * duration)  # one kill per third
+        deadline = time.monotonic() + 60
+        while not spill_folders(spills_into) and writer.poll() is None:
+            assert time.monotonic() < deadline, "no spill folder appeared"
+            time.sleep(0.002)
+        # A random moment of the folder's life, which lasts about 3/4 of the write.
+        time.sleep(rng.uniform(0, 0.5) * duration)
         writer.send_signal(signal.SIGKILL)
         code, err = finish(writer)
         assert code in (0, -signal.SIGKILL), err
-        seen_folder += bool(spill_folders(spills_into))
-        assert len(remove_stale(str(spills_into))) <= 1
+        left = spill_folders(spills_into)
+        assert remove_stale(str(spills_into)) == [str(p) for p in left]
         assert spill_folders(spills_into) == []
-    assert seen_folder  # some kill hit a write with its folder made
     write_and_check(spills_into, tmp_path / "next.zarr")
 
 
@@ -151,16 +156,41 @@ def test_the_folder_of_a_live_writer_is_kept_however_old(tmp_path, spills_into, 
     assert spill_folders(spills_into) == []
 
 
-def test_a_young_unlocked_folder_is_kept_and_other_names_are_never_touched(tmp_path):
+def test_only_old_unlocked_folders_of_this_user_and_host_are_removed(tmp_path, monkeypatch):
     root = tmp_path
-    young = Path(xpatch.spill_folders.tempfile.mkdtemp(prefix=PREFIX, dir=root))
-    other = root / "someone-else"
-    other.mkdir()
-    os.utime(other, (0, 0))
-    a_file = root / f"{PREFIX}file"
+    prefix = folder_prefix()
+    old = time.time() - xpatch.spill_folders.STALE_SECONDS - 1
+
+    def folder(name: str, age: float = 0.0) -> Path:
+        path = root / name
+        path.mkdir()
+        (path / "0.pickle").write_bytes(b"pieces")
+        os.utime(path, (age, age))
+        return path
+
+    young = folder(f"{prefix}young", time.time())
+    marked = folder(f"{prefix}marked")
+    (marked / UNLOCKED_MARK).write_text("")
+    os.utime(marked, (0, 0))
+    kept = [
+        young,  # maybe a live process about to lock it
+        marked,  # its process could not lock it: only it removes the folder
+        folder("xpatch-overhangs-another.host-abc"),  # the other host may hold its lock
+        folder("someone-else"),
+    ]
+    a_file = root / f"{prefix}file"
     a_file.write_text("")
-    os.utime(a_file, (0, 0))
+    target = folder("target")
+    link = root / f"{prefix}link"
+    link.symlink_to(target)
+    os.utime(link, (0, 0), follow_symlinks=False)
+    kept += [a_file, target, link]
     assert remove_stale(str(root)) == []
-    os.utime(young, (time.time() - xpatch.spill_folders.STALE_SECONDS - 1,) * 2)
+    with monkeypatch.context() as m:  # folders of another user
+        me = os.getuid()
+        m.setattr(xpatch.spill_folders.os, "getuid", lambda: me + 1)
+        os.utime(young, (old, old))
+        assert remove_stale(str(root)) == []
     assert remove_stale(str(root)) == [str(young)]
-    assert sorted(p.name for p in root.iterdir()) == sorted([other.name, a_file.name])
+    assert sorted(root.iterdir()) == sorted(p for p in kept if p != young)
+    assert os.listdir(target) == ["0.pickle"]
