@@ -194,3 +194,19 @@ def test_only_old_unlocked_folders_of_this_user_and_host_are_removed(tmp_path, m
     assert remove_stale(str(root)) == [str(young)]
     assert sorted(root.iterdir()) == sorted(p for p in kept if p != young)
     assert os.listdir(target) == ["0.pickle"]
+
+
+def test_a_folder_its_process_cannot_lock_is_marked_used_and_removed(tmp_path, monkeypatch):
+    monkeypatch.setattr(xpatch.spill_folders.tempfile, "tempdir", str(tmp_path))
+
+    def no_locks(fd, operation):
+        raise OSError(37, "No locks available")
+
+    monkeypatch.setattr(xpatch.spill_folders.fcntl, "flock", no_locks)
+    folder = xpatch.spill_folders.LockedFolder()
+    assert os.listdir(folder.path) == [UNLOCKED_MARK]
+    os.utime(folder.path, (0, 0))
+    monkeypatch.undo()
+    assert remove_stale(str(tmp_path)) == []  # the mark keeps it, however old
+    folder.remove()
+    assert list(tmp_path.iterdir()) == []

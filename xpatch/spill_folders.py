@@ -94,8 +94,12 @@ class LockedFolder:
         except OSError:
             # A filesystem that refuses locks: the mark keeps sweepers away, for good.
             os.close(fd)
-            with open(os.path.join(self.path, UNLOCKED_MARK), "w"):
-                pass
+            try:
+                with open(os.path.join(self.path, UNLOCKED_MARK), "w"):
+                    pass
+            except OSError:
+                shutil.rmtree(self.path, ignore_errors=True)
+                raise
         else:
             self._fd = fd
 
