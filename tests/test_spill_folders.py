@@ -175,7 +175,8 @@ def test_only_old_unlocked_folders_of_this_user_and_host_are_removed(tmp_path, m
     kept = [
         young,  # maybe a live process about to lock it
         marked,  # its process could not lock it: only it removes the folder
-        folder("xpatch-overhangs-another.host-abc"),  # the other host may hold its lock
+        folder("xpatch-overhangs-another.host@abc"),  # the other host may hold its lock
+        folder(f"{prefix[:-1]}-longer.name@abc"),  # a host whose name starts with ours
         folder("someone-else"),
     ]
     a_file = root / f"{prefix}file"

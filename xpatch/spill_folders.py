@@ -45,15 +45,18 @@ UNLOCKED_MARK = ".unlocked"
 
 
 def folder_prefix() -> str:
-    """Return the name prefix of this host's spill folders.
+    """Return the name prefix of this host's spill folders: ``xpatch-overhangs-<host>@``.
+
+    The ``@`` ends the host's name, which never holds one: host ``a`` does not take
+    the folders of host ``a-b`` for its own.
 
     Examples
     --------
-    >>> folder_prefix().startswith("xpatch-overhangs-") and folder_prefix().endswith("-")
+    >>> folder_prefix().startswith("xpatch-overhangs-") and folder_prefix().endswith("@")
     True
     """
     host = re.sub(r"[^A-Za-z0-9.-]", "_", socket.gethostname())[:64]
-    return f"xpatch-overhangs-{host}-"
+    return f"xpatch-overhangs-{host}@"
 
 
 class LockedFolder:
