@@ -37,6 +37,7 @@ SLEEP = 0.03
 
 
 def model(batch: np.ndarray) -> np.ndarray:
+    """An affine map that takes :data:`SLEEP` seconds a batch."""
     time.sleep(SLEEP)
     return batch * 2 + 1
 
