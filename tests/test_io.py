@@ -107,6 +107,26 @@ def test_an_interrupted_run_is_resumed_block_by_block(lazy, tmp_path):
     assert 0 < healthy.patches < full.patches
 
 
+def test_a_run_resumes_with_its_anchors_in_another_memory_layout(lazy, tmp_path):
+    """pandas hands out columns in Fortran order: the same anchors, read again, resume."""
+    import pandas as pd
+
+    rng = np.random.default_rng(3)
+    table = pd.DataFrame(rng.integers(0, 48, size=(40, 2)), columns=["y", "x"])
+    in_c_order = table.to_numpy().copy(order="C")
+    in_fortran_order = table.to_numpy()
+    assert in_fortran_order.flags.f_contiguous and not in_fortran_order.flags.c_contiguous
+    path = tmp_path / "o.zarr"
+    interrupt(lazy.patch(y=16, x=16, sampler=xpatch.Anchors(in_c_order)), path, fail_after=3)
+    assert progress_record(path).is_dir()
+    p = lazy.patch(y=16, x=16, sampler=xpatch.Anchors(in_fortran_order))
+    with dask.config.set(scheduler="synchronous"):
+        xpatch.write(p.apply(Affine(), batch_size=64), path, progress=False)  # not refused
+    assert not progress_record(path).exists()
+    expected = p.apply(Affine()).compute(scheduler="synchronous")
+    np.testing.assert_array_equal(xr.open_zarr(path)["temp"], expected)
+
+
 def test_resume_does_not_rewrite_blocks_already_written(lazy, tmp_path):
     p = patcher(lazy)
     path = tmp_path / "o.zarr"
