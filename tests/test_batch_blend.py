@@ -40,16 +40,21 @@ def anchors_of(p) -> np.ndarray:
     return p.anchors().values  # (patch, dim), dims in the order of p.dims
 
 
-def counting_adds(monkeypatch) -> list[int]:
-    """Record the patch count of every BatchBlend.add (so a test knows the path ran)."""
-    sizes: list[int] = []
+def recording_add(note, seen: list):
+    """A BatchBlend.add that first appends ``note(blend, anchors)`` to ``seen``."""
     original = batch_blend.BatchBlend.add
 
     def add(self, anchors, values):
-        sizes.append(len(anchors))
+        seen.append(note(self, anchors))
         return original(self, anchors, values)
 
-    monkeypatch.setattr(batch_blend.BatchBlend, "add", add)
+    return add
+
+
+def counting_adds(monkeypatch) -> list[int]:
+    """Record the patch count of every BatchBlend.add (so a test knows the path ran)."""
+    sizes: list[int] = []
+    monkeypatch.setattr(batch_blend.BatchBlend, "add", recording_add(lambda b, a: len(a), sizes))
     return sizes
 
 
@@ -92,12 +97,7 @@ def test_batch_blending_equals_the_reference_eagerly_and_lazily(case):
         return out
 
     kernels: list[str] = []
-    original = batch_blend.BatchBlend.add
-
-    def add(self, anchors, values):
-        kernels.append(self.kernel)
-        return original(self, anchors, values)
-
+    add = recording_add(lambda blend, anchors: blend.kernel, kernels)
     with mock.patch.object(batch_blend.BatchBlend, "add", add):
         lazy = da.chunk({"y": 50, "x": 70}).patch(
             y=size[0], x=size[1], stride=dict(zip(("y", "x"), stride)), boundary=boundary,
@@ -542,11 +542,7 @@ def test_slabs_of_small_patches_equal_the_reference(case):
         return out
 
     slabs: list[str] = []
-    original = batch_blend.BatchBlend.add
-
-    def add(self, anchors, values):
-        slabs.append(self.kernel)
-        return original(self, anchors, values)
+    add = recording_add(lambda blend, anchors: blend.kernel, slabs)
 
     with (
         mock.patch.object(batch_blend, "GROUP_PATCH_BYTES", 0),
