@@ -213,20 +213,37 @@ def test_building_the_source_computes_nothing():
         len(src)
 
 
-def test_each_chunk_is_computed_once_per_epoch_not_once_per_patch():
-    scene = dask_scene()
+@pytest.mark.parametrize("computed", [True, False], ids=["tasks", "blocks held in the graph"])
+def test_each_chunk_is_computed_once_per_epoch_not_once_per_patch(computed):
+    # ``from_array`` keeps numpy blocks in its graph: they are taken, not computed.
+    scene = dask_scene() + 0 if computed else dask_scene()
     src = scene.patch(y=24, x=24, stride=12).to_grain()
     with ComputeCounter() as counter:
         for i in range(len(src)):
             src[i]
     assert len(src) == 30 and src.chunk_count == 20
-    assert counter.computes == src.chunk_count
+    assert counter.computes == (src.chunk_count if computed else 0)
     stats = src.cache_stats()
     assert stats.loads == src.chunk_count
     assert stats.cached_bytes == scene.nbytes
     with ComputeCounter() as counter:
         src[7]
     assert counter.computes == 0
+
+
+def test_blocks_held_in_the_graph_are_served_read_only_without_touching_the_graph():
+    scene = dask_scene()
+    held = [v for v in dict(scene.data.__dask_graph__()).values() if isinstance(v, np.ndarray)]
+    assert len(held) == 20  # the premise: from_array keeps its blocks in the graph
+    src = scene.patch(y=24, x=24, stride=12).to_grain()
+    expected = scene.values
+    for i in range(len(src)):
+        item = src[i]
+        y, x = item["anchor"].tolist()
+        np.testing.assert_array_equal(item["data"], expected[:, y : y + 24, x : x + 24])
+    chunk = src.reader.cache.get((0, 1), lambda: None)["data"]
+    assert not chunk.flags.writeable
+    assert all(v.flags.writeable for v in held)  # the caller's graph is left as it was
 
 
 def test_cache_stays_within_its_byte_limit_and_counts_evictions():

@@ -212,6 +212,8 @@ class PatchReader:
                 # The calling thread computes: Grain's read threads and worker
                 # processes are the parallelism; a nested thread pool would contend.
                 value = read_region(plan.var.data, plan.axes, [region[j] for j in plan.columns])
+                # A view: the block may be the one the caller's dask graph holds.
+                value = value.view()
                 value.setflags(write=False)
                 loaded[plan.name] = value
         return loaded
