@@ -300,7 +300,8 @@ def read_region(array: da.Array, axes: Sequence[int], region: Sequence[slice]) -
     Runs on the calling thread. When the region is made of whole blocks of
     ``array``, their tasks are run directly: a block comes back as the task made
     it, not copied into a new array by dask's ``compute``, which halves the cost
-    of reading an in-memory or cheap chunk.
+    of reading an in-memory or cheap chunk; blocks that the graph holds as numpy
+    arrays (``da.from_array``) are taken as they are. Treat the result as read-only.
 
     Examples
     --------
