@@ -53,6 +53,21 @@ def test_the_same_construction_gives_the_same_short_hex_fingerprint():
     assert repr(src).endswith(f"fingerprint={src.fingerprint})")
 
 
+def test_in_memory_values_in_any_memory_layout_give_the_same_fingerprint():
+    # dask hashes an array's bytes as they lie: a Fortran-order copy (e.g. from
+    # pandas) or a strided view of the same values named other data.
+    data = values()
+    padded = np.zeros((3, 128, 80), dtype="float32")
+    padded[:, ::2] = data
+    layouts = [data, np.asfortranarray(data), padded[:, ::2], data.transpose(2, 1, 0).T]
+    prints = {fingerprint(xr.DataArray(v, dims=("band", "y", "x"))) for v in layouts}
+    assert len(prints) == 1
+    changed = data.copy()
+    changed[1, 2, 3] += 1
+    other = xr.DataArray(np.asfortranarray(changed), dims=("band", "y", "x"))
+    assert fingerprint(other) not in prints
+
+
 def test_each_part_of_the_layout_changes_the_fingerprint():
     scene = dask_scene()
     raster = xr.DataArray(

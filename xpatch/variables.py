@@ -74,7 +74,9 @@ def patched_columns(var: xr.Variable, dims: Sequence[Hashable]) -> tuple[list[in
 def data_token(var: xr.Variable) -> str:
     """Return a deterministic token of a variable's values, never reading a lazy file whole.
 
-    Dask arrays are named by their graph, in-memory arrays by their bytes. A file
+    Dask arrays are named by their graph, in-memory arrays by their values in C
+    order, whatever their memory layout (dask hashes the bytes as they lie, so a
+    Fortran-order copy, e.g. from pandas, would name other values). A file
     variable opened without dask chunks is identified by its source file (path and
     modification time), shape and dtype: hashing its values would read it whole.
     Attributes are left out: editing metadata does not change the values.
@@ -82,7 +84,7 @@ def data_token(var: xr.Variable) -> str:
     if is_dask_backed(var):
         return var.data.name
     if getattr(var, "_in_memory", True):
-        return tokenize(np.asarray(var.values))
+        return tokenize(np.asarray(var.values, order="C"))
     source = var.encoding.get("source")
     modified = os.stat(source).st_mtime_ns if source and os.path.exists(source) else None
     return tokenize(type(var._data).__name__, source, modified, var.shape, str(var.dtype))
