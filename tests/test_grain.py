@@ -229,6 +229,7 @@ def test_each_chunk_is_computed_once_per_epoch_not_once_per_patch(computed):
     with ComputeCounter() as counter:
         src[7]
     assert counter.computes == 0
+    assert src.cache_stats().loads == src.chunk_count  # served from the cache, not reloaded
 
 
 def test_blocks_held_in_the_graph_are_served_read_only_without_touching_the_graph():
@@ -244,6 +245,30 @@ def test_blocks_held_in_the_graph_are_served_read_only_without_touching_the_grap
     chunk = src.reader.cache.get((0, 1), lambda: None)["data"]
     assert not chunk.flags.writeable
     assert all(v.flags.writeable for v in held)  # the caller's graph is left as it was
+
+
+@pytest.mark.parametrize(
+    "kind, held",
+    [("from_array", True), ("masked", False), ("locked", False), ("task", False)],
+)
+def test_read_region_takes_only_plain_numpy_blocks_from_the_graph(kind, held):
+    from xpatch.core.chunk_cache import _held_blocks, read_region
+
+    data = np.arange(3 * 8 * 10, dtype="float32").reshape(3, 8, 10)
+    array = {
+        "from_array": lambda: dsa.from_array(data, chunks=(3, 4, 5)),
+        "masked": lambda: dsa.from_array(np.ma.masked_array(data, data > 100), chunks=(3, 4, 5)),
+        "locked": lambda: dsa.from_array(data, chunks=(3, 4, 5), lock=True),
+        "task": lambda: dsa.from_array(data, chunks=(3, 4, 5)) + 0,
+    }[kind]()
+    keys = [(array.name, 0, 1, 0), (array.name, 0, 1, 1)]
+    blocks = _held_blocks(array, keys)
+    assert (blocks is not None) == held
+    if held:  # the graph's own arrays, not copies
+        graph = dict(array.__dask_graph__())
+        assert all(blocks[key] is graph[key] for key in keys)
+    region = read_region(array, [1, 2], [slice(4, 8), slice(0, 10)])
+    np.testing.assert_array_equal(region, data[:, 4:8])
 
 
 def test_cache_stays_within_its_byte_limit_and_counts_evictions():
