@@ -260,6 +260,7 @@ def fresh_blends(draw):
 
 
 @pytest.mark.skipif(not compiled.AVAILABLE, reason="the compiled kernel needs numba")
+@pytest.mark.filterwarnings("error::RuntimeWarning")  # the numpy twin is as silent
 @settings(max_examples=300, deadline=None)
 @given(fresh_blends(), st.booleans(), st.sampled_from([None, 2, 3]))
 def test_the_row_kernel_zeroes_fresh_rows_and_tells_nan_exactly(case, fresh, threads):
@@ -283,6 +284,16 @@ def test_the_row_kernel_zeroes_fresh_rows_and_tells_nan_exactly(case, fresh, thr
             pool.shutdown()
     np.testing.assert_array_equal(out, expected)
     assert told == bool(np.isnan(expected).any())
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+def test_the_numpy_twin_adds_opposite_infinities_to_nan_without_a_warning():
+    out = np.zeros((1, 2, 4), dtype="f4")
+    values = np.stack([np.full((1, 2, 3), np.inf), np.full((1, 2, 3), -np.inf)]).astype("f4")
+    weights = [np.ones((1, 2)), np.ones((2, 3))]
+    rows = (np.array([0, 0]), np.array([0, 1]))
+    lattice.blend_patches_numpy(out, (0, 0), np.array([[0, 0], [0, 1]]), values, rows, weights)
+    np.testing.assert_array_equal(out[0, 0], [np.inf, np.nan, np.nan, -np.inf])
 
 
 @pytest.mark.skipif(not compiled.AVAILABLE, reason="the compiled kernel needs numba")

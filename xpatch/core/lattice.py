@@ -553,9 +553,11 @@ def blend_patches_numpy(
     wide = values.dtype.kind in "iu" and (values.dtype.itemsize >= 4 or values.dtype == np.uint16)
     product = np.dtype(np.float64) if wide else np.result_type(values.dtype, out.dtype)
     scratch = np.empty(values.shape[1:], dtype=product)
-    for p in range(len(anchors)):
-        y0, x0 = int(anchors[p, 0]) - origin[0], int(anchors[p, 1]) - origin[1]
-        weight = np.multiply.outer(weights_y[rows[0][p]], weights_x[rows[1][p]])
-        np.multiply(values[p], weight, out=scratch, dtype=product)
-        target = out[..., y0 : y0 + size_y, x0 : x0 + size_x]
-        np.add(target, scratch, out=target)
+    # Silent, as the compiled kernel is: inf + -inf is NaN, an overflow inf.
+    with np.errstate(invalid="ignore", over="ignore"):
+        for p in range(len(anchors)):
+            y0, x0 = int(anchors[p, 0]) - origin[0], int(anchors[p, 1]) - origin[1]
+            weight = np.multiply.outer(weights_y[rows[0][p]], weights_x[rows[1][p]])
+            np.multiply(values[p], weight, out=scratch, dtype=product)
+            target = out[..., y0 : y0 + size_y, x0 : x0 + size_x]
+            np.add(target, scratch, out=target)
