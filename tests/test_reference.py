@@ -740,6 +740,46 @@ def test_reconstruct_of_a_gaussian_tail_below_float32s_range_matches_brute_force
 
 @pytest.mark.parametrize("lazy", [False, True], ids=["numpy", "dask"])
 @pytest.mark.parametrize("nan", [False, True], ids=["full", "nan"])
+@pytest.mark.parametrize("weighted", [False, True], ids=["window", "weights"])
+def test_a_sum_reaches_the_cells_only_a_gaussian_tail_below_float32s_range_reaches(
+    lazy, nan, weighted
+):
+    """A falsifying example: float16 predictions with a NaN, a sum, ('gaussian', 1.5)
+    over 45 cells, five patches at one anchor.
+
+    The window's ends (~2e-47) are 0 in float32. The masked sums (a NaN among the
+    predictions) and the sums with per-patch weights counted Σw in float32, found
+    none at the end cells, and called them uncovered (NaN), where the plain sums
+    give 0.
+    """
+    sampler = xpatch.Anchors(indices={"x": [0] * 5, "y": [0] * 5})
+    da = xr.DataArray(np.zeros((1, 45, 1), np.float16), dims=("band", "x", "y"))
+    p = quiet_patch(da, size={"x": 45, "y": 1}, stride=1, window=("gaussian", 1.5),
+                    sampler=sampler)  # fmt: skip
+    values = np.random.default_rng(0).normal(0.0, 10.0, (5, 1, 45, 1)).astype(np.float16)
+    if nan:
+        values[2, 0, 20, 0] = np.nan
+    pred = xr.DataArray(values, dims=("patch", "band", "x", "y"))
+    weights = np.ones(5) if weighted else None
+    out = p.reconstruct(pred.chunk({"patch": 2}) if lazy else pred, "sum", weights=weights)
+    expected, scale = blend(p.anchors().values, p.weights().values, values, [45, 1], "sum")
+    assert not np.isnan(expected).any()
+    assert_matches(out.values, expected, np.float16, scale)
+
+
+@pytest.mark.parametrize("lazy", [False, True], ids=["numpy", "dask"])
+def test_apply_sums_with_unit_weights_as_without_under_a_narrow_gaussian(lazy):
+    da = xr.DataArray(np.random.default_rng(2).normal(0, 10, (45, 3)).astype("f4"), dims=("x", "y"))
+    p = quiet_patch(da.chunk({"x": 20}) if lazy else da, size={"x": 45, "y": 1}, stride=1,
+                    window=("gaussian", 1.5))  # fmt: skip
+    plain = p.apply(lambda b: b * 2, reduce="sum")
+    weighted = p.apply(lambda b: b * 2, reduce="sum", weights=np.ones(len(p)))
+    assert not np.isnan(plain.values).any()  # the ends reached, by weights 0 in float32
+    np.testing.assert_array_equal(weighted.values, plain.values)
+
+
+@pytest.mark.parametrize("lazy", [False, True], ids=["numpy", "dask"])
+@pytest.mark.parametrize("nan", [False, True], ids=["full", "nan"])
 @pytest.mark.parametrize("sigma", [1.5, 1.0])  # ends ~3e-43 (denormal in float32), ~1e-96 (0)
 def test_mean_of_float32_predictions_gives_back_a_lone_patch_under_a_narrow_gaussian(
     lazy, nan, sigma

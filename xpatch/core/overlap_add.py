@@ -116,6 +116,7 @@ class BlockWeights:
         self.origin = [int(o) for o in origin]
         self.block_shape = tuple(int(s) for s in block_shape)
         self.window = window.values.astype(dtype, copy=False)
+        self.exact_window = window.values  # for the validity weights of masked sums
         self.dtype = dtype
         k = len(self.block_shape)
         anchors = [p.anchor for p in placements]
@@ -262,7 +263,8 @@ def accumulate_groups(
             labels = present_labels([prediction_groups[g] for g in {p.group for p in placements}])
         return vote_block(out, placements, prediction_groups, window.values, labels, weigh)
     if weigh is not None:  # Σ w depends on the data: summed beside Σ w·x
-        return normalise(out, weighted_sums(out, placements, prediction_groups, weigh), reduce)
+        total = weighted_sums(out, placements, prediction_groups, weigh, reduce == "sum")
+        return normalise(out, total, reduce)
     weights, valid = add_patches(
         out, origin, block_shape, placements, prediction_groups, window, reduce, reduce == "mean"
     )
@@ -411,13 +413,19 @@ def _masked_sums(
     k = len(weights.block_shape)
     lead_index = (slice(None),) * (out.ndim - k)
     out.fill(0)
-    weight = np.zeros(out.shape, dtype=weights.window.dtype)
+    window, exact = weights.window, weights.exact_window
+    # Σw says which cells a valid value reached (and divides a mean, whose narrow
+    # windows are float64 already: working_dtype). Where out's dtype rounds a weight
+    # to 0 (a narrow Gaussian's tails in float32), count in the window's own dtype, or
+    # a sum would call the cells only those weights reach uncovered.
+    lost = window.dtype != exact.dtype and bool(np.any((window == 0) & (exact != 0)))
+    valid_window = exact if lost else window
+    weight = np.zeros(out.shape, dtype=valid_window.dtype)
     for p in placements:
         values = prediction_groups[p.group][(p.row, *lead_index, *p.patch_index)]
-        w = weights.window[p.patch_index]
         valid = ~np.isnan(values)
-        out[lead_index + p.block_index] += np.where(valid, values * w, 0)
-        weight[lead_index + p.block_index] += valid * w
+        out[lead_index + p.block_index] += np.where(valid, values * window[p.patch_index], 0)
+        weight[lead_index + p.block_index] += valid * valid_window[p.patch_index]
     return weight
 
 

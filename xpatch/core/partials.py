@@ -186,7 +186,8 @@ def partial_sums(
         return Partial(origin, votes, None, reaching, labels=labels)
     out = np.empty(box, dtype=acc)
     if weigh is not None:  # Σ w depends on the data: the partial carries it
-        return Partial(origin, out, weighted_sums(out, placements, [predictions], weigh), reaching)
+        total = weighted_sums(out, placements, [predictions], weigh, reduce == "sum")
+        return Partial(origin, out, total, reaching)
     weights, valid = add_patches(
         out, origin, box_shape, placements, [predictions], window, reduce, False
     )
@@ -284,7 +285,9 @@ def combine_partials(
                 np.divide(out, total.astype(real), out=out)
             return out.astype(acc, copy=False)
         return normalise(out, total, reduce).astype(acc, copy=False)
-    weight = np.zeros(out_shape, dtype=real)
+    # A piece's Σw may be float64 where out's dtype would round it to 0 (masked sums).
+    exact = [piece.weight.dtype for piece in pieces if piece.weight is not None]
+    weight = np.zeros(out_shape, dtype=np.result_type(real, *exact))
     for piece in pieces:
         if piece.weight is not None:
             weight[region(piece)] += piece.weight

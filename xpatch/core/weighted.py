@@ -98,8 +98,13 @@ def weighted_sums(
     placements: Sequence[Placement],
     prediction_groups: Sequence[np.ndarray],
     weigh: Callable[[Placement], np.ndarray],
+    exact_total: bool = False,
 ) -> np.ndarray:
     """Write Σ w·v·x into ``out`` (``(*lead, *box)``); return Σ w·v, NaN values skipped.
+
+    Σ w·v is summed in ``out``'s real dtype, or with ``exact_total`` in float64: a
+    sum uses it only to tell which cells a value reached, and ``out``'s dtype may
+    round the smallest weights (a narrow Gaussian's tails in float32) to 0.
 
     Examples
     --------
@@ -113,17 +118,19 @@ def weighted_sums(
     k = len(placements[0].patch_index) if placements else 0
     lead_index = (slice(None),) * (out.ndim - k)
     real = np.empty(0, dtype=out.dtype).real.dtype
-    total = np.zeros(out.shape, dtype=real)
+    total = np.zeros(out.shape, dtype=np.float64 if exact_total else real)
     out.fill(0)
     inexact = np.issubdtype(out.dtype, np.inexact)
     for p in placements:
         values = prediction_groups[p.group][(p.row, *lead_index, *p.patch_index)]
-        weight = np.broadcast_to(weigh(p).astype(real, copy=False), values.shape)
+        exact = weigh(p)
+        weight = np.broadcast_to(exact.astype(real, copy=False), values.shape)
+        counted = np.broadcast_to(exact, values.shape) if exact_total else weight
         product = values * weight
         if inexact and np.isnan(product).any():
             valid = ~np.isnan(values)
             product = np.where(valid, product, 0)
-            weight = np.where(valid, weight, 0)
+            counted = np.where(valid, counted, 0)
         out[lead_index + p.block_index] += product
-        total[lead_index + p.block_index] += weight
+        total[lead_index + p.block_index] += counted
     return total
