@@ -364,7 +364,10 @@ def add_patches(
     if holds_nan(out):
         # Rare: some prediction holds NaN. Redo the sums with per-cell validity so
         # NaN values are skipped rather than spread.
-        return weights, _masked_sums(out, weights, placements, prediction_groups)
+        # A sum's Σw only tells which cells a value reached: in float64, where out's
+        # dtype may round the smallest weights (a narrow Gaussian's tails) to 0.
+        valid = _masked_sums(out, weights, placements, prediction_groups, reduce == "sum")
+        return weights, valid
     return weights, None
 
 
@@ -408,24 +411,24 @@ def _masked_sums(
     weights: BlockWeights,
     placements: Sequence[Placement],
     prediction_groups: Sequence[np.ndarray],
+    exact_total: bool = False,
 ) -> np.ndarray:
-    """Σ w·x into ``out`` over valid (non-NaN) values only; return Σ w of those values."""
+    """Σ w·x into ``out`` over valid (non-NaN) values only; return Σ w of those values.
+
+    Σ w is summed in the window's dtype for ``out``, or with ``exact_total`` in
+    float64, as :func:`~xpatch.core.weighted.weighted_sums` does for a sum.
+    """
     k = len(weights.block_shape)
     lead_index = (slice(None),) * (out.ndim - k)
     out.fill(0)
-    window, exact = weights.window, weights.exact_window
-    # Σw says which cells a valid value reached (and divides a mean, whose narrow
-    # windows are float64 already: working_dtype). Where out's dtype rounds a weight
-    # to 0 (a narrow Gaussian's tails in float32), count in the window's own dtype, or
-    # a sum would call the cells only those weights reach uncovered.
-    lost = window.dtype != exact.dtype and bool(np.any((window == 0) & (exact != 0)))
-    valid_window = exact if lost else window
-    weight = np.zeros(out.shape, dtype=valid_window.dtype)
+    window = weights.window
+    counted = weights.exact_window if exact_total else window
+    weight = np.zeros(out.shape, dtype=np.float64 if exact_total else window.dtype)
     for p in placements:
         values = prediction_groups[p.group][(p.row, *lead_index, *p.patch_index)]
         valid = ~np.isnan(values)
         out[lead_index + p.block_index] += np.where(valid, values * window[p.patch_index], 0)
-        weight[lead_index + p.block_index] += valid * valid_window[p.patch_index]
+        weight[lead_index + p.block_index] += valid * counted[p.patch_index]
     return weight
 
 
