@@ -49,7 +49,7 @@ import xarray as xr
 from bench_core import best_of, best_of_each, naive_overlap_add
 
 import xpatch
-from xpatch.core.overlap_add import overlap_add
+from xpatch.core.blend.overlap_add import overlap_add
 
 MiB = 2**20
 

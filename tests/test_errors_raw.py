@@ -22,7 +22,7 @@ import xarray as xr
 import xpatch
 from tests.conftest import forbid_compute
 from xpatch.cli import main
-from xpatch.geo import geotiff_layout
+from xpatch.io.geotiff import geotiff_layout
 
 NAT = np.datetime64("NaT")
 

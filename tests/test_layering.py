@@ -1,13 +1,29 @@
-"""Layering rules for the xpatch sources, checked statically.
+"""The house rules of the xpatch package, checked statically: rooms, their order, concerns.
 
-- xpatch.core is the numpy/dask layer: it must never import xarray.
-- No import cycle between xpatch modules (imports inside functions count, `if TYPE_CHECKING:`
-  blocks do not).
-- No module reads another module's private names (`from m import _x`, `obj._x`).
-- No module is longer than 600 lines.
+The package is a row of rooms (folders, and a few top-level modules), each on a
+level (:data:`ROOMS`, lowest first). The rules:
 
-The checkers take the package folder as an argument; the self-tests at the end run them on
-small synthetic packages, to show they catch planted violations and pass clean code.
+- **Direction.** A module imports only from its own room or rooms on lower levels,
+  type hints included (``if TYPE_CHECKING:`` imports count). Rooms on one level
+  (``grain`` and ``io``, ``scenes`` and ``tree``) do not import each other. A
+  package's ``__init__`` may re-export from its own folder.
+- **No circles** between modules, type hints included.
+- **No private names** of one module read by another (``from m import _x``, ``obj._x``).
+- **One concern per room**, as far as imports tell: a third-party library that
+  belongs to one room (:data:`CONCERNS`: Grain to ``grain``, argparse to ``cli``,
+  zarr, fsspec and rasterio to ``io``) is imported nowhere else, and ``core``
+  imports neither xarray nor pandas.
+- **Core functions are short to call**: at most 8 parameters (``self`` and ``cls``
+  not counted; numba's kernels, which take flat arguments, are listed in
+  :data:`FLAT_KERNELS`), and no ``# fmt: skip`` in ``core``.
+- **Reductions are objects**: no module but ``core/blend/reductions.py`` compares
+  anything to a reduction's name (``reduce == "mean"``, ``in ("vote", ...)``).
+
+The checkers take the package folder as an argument; the self-tests at the end run
+each of them on small synthetic packages, to show that each rule can fail.
+
+``python tests/test_layering.py [PACKAGE_FOLDER]`` prints the import graph's counts
+(modules, arrows, levels, circles, imports against the room order).
 """
 
 from __future__ import annotations
@@ -18,58 +34,53 @@ import itertools
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 # Found without importing xpatch: the static checks must run even while the package is broken.
 PACKAGE = Path(importlib.util.find_spec("xpatch").origin).parent
 CORE = PACKAGE / "core"
-MAX_LINES = 600
 
+#: The rooms of xpatch, lowest level first: a room's modules are those whose dotted
+#: name starts with it (the longest match wins). Rooms in one tuple share a level.
+ROOMS: tuple[tuple[str, ...], ...] = (
+    ("xpatch.version", "xpatch.core"),
+    ("xpatch.core.blend",),
+    ("xpatch.core.apply",),
+    ("xpatch.xarray",),
+    ("xpatch.grain", "xpatch.io"),
+    ("xpatch.patcher",),
+    ("xpatch.accessor", "xpatch.scenes", "xpatch.tree"),
+    ("xpatch.cli",),
+    ("xpatch", "xpatch.__main__", "xpatch.scene_source", "xpatch.tree_grain"),
+)
 
-def imported_modules(path: Path) -> set[str]:
-    tree = ast.parse(path.read_text(), filename=str(path))
-    names: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            names.add(node.module)
-    return names
+#: Third-party top-level modules -> the room that owns them: nobody else imports them.
+CONCERNS: dict[str, str] = {
+    "grain": "xpatch.grain",
+    "absl": "xpatch.grain",
+    "argparse": "xpatch.cli",
+    "zarr": "xpatch.io",
+    "fsspec": "xpatch.io",
+    "rasterio": "xpatch.io",
+    "rioxarray": "xpatch.io",
+    "distributed": "xpatch.io",
+    "fcntl": "xpatch.io",
+}
+#: Rooms that must not import a library at all: the numpy/dask core knows no labels.
+FORBIDDEN: dict[str, tuple[str, ...]] = {"xpatch.core": ("xarray", "pandas")}
 
+#: Core functions that may take more than 8 parameters, and why.
+FLAT_KERNELS: dict[tuple[str, str], str] = {
+    ("xpatch/core/blend/compiled.py", "_blend_rows"): "a numba kernel: flat arguments",
+    ("xpatch/core/blend/compiled.py", "_blend_patches"): "a numba kernel: flat arguments",
+    ("xpatch/core/blend/compiled.py", "_blend_clean_patches"): "a numba kernel: flat arguments",
+}
+MAX_PARAMETERS = 8
 
-def test_core_sources_import_no_xarray_and_nothing_above_core():
-    files = sorted(CORE.glob("*.py"))
-    assert len(files) >= 6
-    for path in files:
-        for module in imported_modules(path):
-            assert not module.startswith(("xarray", "pandas")), f"{path.name} imports {module}"
-            if module.startswith("xpatch"):
-                assert module.startswith("xpatch.core"), f"{path.name} imports {module}"
-
-
-def test_core_runs_with_xarray_unimportable():
-    # Load xpatch.core under a bare parent package, with `import xarray` made to fail.
-    code = textwrap.dedent(
-        f"""
-        import sys, types
-        sys.modules["xarray"] = None
-        parent = types.ModuleType("xpatch")
-        parent.__path__ = [{str(CORE.parent)!r}]
-        sys.modules["xpatch"] = parent
-        import numpy as np
-        import xpatch.core as core
-        g = core.Geometry.build({{"x": 10}}, {{"x": 4}}, 3, "shift")
-        w = core.make_window("hann", g.dims, g.size)
-        anchors = g.grid_anchors()
-        out = core.overlap_add(np.ones((len(anchors), 4)), anchors, g.shape, w)
-        assert np.allclose(out, 1.0)
-        print("ok")
-        """
-    )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "ok"
+#: The names ``reduce=`` takes: only the reduction objects compare anything to them.
+REDUCTION_NAMES = frozenset({"mean", "sum", "max", "min", "vote", "argmax"})
+REDUCTIONS_MODULE = "xpatch.core.blend.reductions"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -155,16 +166,23 @@ def _import_targets(
                 yield target, alias.name
 
 
-def import_graph(root: Path) -> dict[str, dict[str, int]]:
-    """module -> {imported module: line of its first import}, TYPE_CHECKING imports left out."""
+def import_graph(root: Path, type_hints: bool = True) -> dict[str, dict[str, int]]:
+    """module -> {imported module: line of its first import}.
+
+    Imports under ``if TYPE_CHECKING:`` count (a type hint is a dependency too),
+    unless ``type_hints=False``.
+    """
     modules = package_modules(root)
     graph: dict[str, dict[str, int]] = {name: {} for name in modules}
     for module, path in modules.items():
-        for node in _runtime_nodes(_parse(path)):
+        tree = _parse(path)
+        nodes = ast.walk(tree) if type_hints else _runtime_nodes(tree)
+        for node in nodes:
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 for target, _ in _import_targets(node, module, modules):
                     if target != module:
-                        graph[module].setdefault(target, node.lineno)
+                        line = graph[module].get(target, node.lineno)
+                        graph[module][target] = min(line, node.lineno)
     return graph
 
 
@@ -429,17 +447,201 @@ def find_private_reads(root: Path, allowed: dict[tuple[str, str], str] | None = 
     ]
 
 
-def find_long_modules(root: Path, limit: int = MAX_LINES) -> list[str]:
+def room_of(module: str, rooms: Sequence[Sequence[str]]) -> tuple[str, int] | None:
+    """The room of ``module`` (the longest prefix that names one) and its level."""
+    best = None
+    for level, names in enumerate(rooms):
+        for room in names:
+            if (module == room or module.startswith(room + ".")) and (
+                best is None or len(room) > len(best[0])
+            ):
+                best = (room, level)
+    return best
+
+
+def find_upward_imports(root: Path, rooms: Sequence[Sequence[str]]) -> list[str]:
+    """One line per import that points up the room order, or across a level.
+
+    A package's ``__init__`` may import from its own folder (it is the folder's face).
+    """
+    modules = package_modules(root)
+    graph = import_graph(root)
     report = []
-    for path in package_modules(root).values():
-        count = len(path.read_text().splitlines())
-        if count > limit:
-            report.append(f"{_show(path, root)} has {count} lines (limit {limit})")
+    for module, targets in graph.items():
+        here = room_of(module, rooms)
+        for target, line in sorted(targets.items()):
+            there = room_of(target, rooms)
+            if here is None or there is None or here[0] == there[0]:
+                continue
+            if modules[module].name == "__init__.py" and target.startswith(module + "."):
+                continue
+            if there[1] > here[1] or (there[1] == here[1]):
+                what = "up" if there[1] > here[1] else "across"
+                report.append(
+                    f"{_show(modules[module], root)}:{line} imports {target}: {what} from room "
+                    f"{here[0]} (level {here[1]}) to {there[0]} (level {there[1]})"
+                )
+    return sorted(report)
+
+
+def _imported_top_modules(tree: ast.Module) -> Iterator[tuple[str, int]]:
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name.split(".")[0], node.lineno
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            yield node.module.split(".")[0], node.lineno
+
+
+def find_mixed_concerns(
+    root: Path,
+    rooms: Sequence[Sequence[str]],
+    concerns: dict[str, str] | None = None,
+    forbidden: dict[str, tuple[str, ...]] | None = None,
+) -> list[str]:
+    """Imports of a library that another room owns, or that a room must not use."""
+    concerns = CONCERNS if concerns is None else concerns
+    forbidden = FORBIDDEN if forbidden is None else forbidden
+    report = []
+    for module, path in package_modules(root).items():
+        here = room_of(module, rooms)
+        for library, line in _imported_top_modules(_parse(path)):
+            owner = concerns.get(library)
+            inside = here is not None and (owner is None or here[0].startswith(owner))
+            if owner is not None and not (inside and module.startswith(owner)):
+                report.append(
+                    f"{_show(path, root)}:{line} imports {library}, which is {owner}'s concern"
+                )
+            for room, libraries in forbidden.items():
+                in_room = module == room or module.startswith(room + ".")
+                if in_room and library in libraries:
+                    report.append(f"{_show(path, root)}:{line} imports {library} in {room}")
+    return sorted(set(report))
+
+
+def _parameters(node: ast.FunctionDef | ast.AsyncFunctionDef) -> list[str]:
+    args = node.args
+    names = [a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)]
+    names += [a.arg for a in (args.vararg, args.kwarg) if a is not None]
+    return [n for n in names if n not in ("self", "cls")]
+
+
+def find_long_signatures(
+    root: Path,
+    folder: Path,
+    limit: int = MAX_PARAMETERS,
+    allowed: dict[tuple[str, str], str] | None = None,
+) -> list[str]:
+    """Functions under ``folder`` that take more than ``limit`` parameters."""
+    allowed = FLAT_KERNELS if allowed is None else allowed
+    report = []
+    for path in sorted(folder.rglob("*.py")):
+        here = _show(path, root)
+        for node in ast.walk(_parse(path)):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                count = len(_parameters(node))
+                if count > limit and (here, node.name) not in allowed:
+                    report.append(f"{here}:{node.lineno} {node.name} takes {count} parameters")
     return report
+
+
+def find_format_skips(root: Path, folder: Path) -> list[str]:
+    """Lines under ``folder`` that opt out of the formatter (``# fmt: skip``, ``# fmt: off``)."""
+    report = []
+    for path in sorted(folder.rglob("*.py")):
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if "# fmt: skip" in line or "# fmt: off" in line:
+                report.append(f"{_show(path, root)}:{number} {line.strip()}")
+    return report
+
+
+def _names_a_reduction(node: ast.expr) -> bool:
+    if isinstance(node, ast.Constant):
+        return node.value in REDUCTION_NAMES
+    if isinstance(node, ast.Tuple | ast.List | ast.Set):
+        return any(_names_a_reduction(e) for e in node.elts)
+    return False
+
+
+def find_reduction_name_checks(root: Path, owner: str = REDUCTIONS_MODULE) -> list[str]:
+    """Comparisons with a reduction's name (``== "mean"``, ``in ("max", ...)``) elsewhere."""
+    report = []
+    for module, path in package_modules(root).items():
+        if module == owner:
+            continue
+        for node in ast.walk(_parse(path)):
+            if isinstance(node, ast.Compare) and any(
+                _names_a_reduction(side) for side in (node.left, *node.comparators)
+            ):
+                report.append(f"{_show(path, root)}:{node.lineno} compares with a reduction's name")
+    return report
+
+
+def _levels(graph: dict[str, set[str]]) -> int:
+    """The longest chain of arrows in ``graph``, counting its nodes; circles count as one node."""
+    components = _strongly_connected({n: dict.fromkeys(t) for n, t in graph.items()})
+    group = {m: i for i, members in enumerate(components) for m in members}
+    nodes: dict = {}
+    for node, targets in graph.items():
+        here = group.get(node, node)
+        nodes.setdefault(here, set()).update(
+            group.get(t, t) for t in targets if group.get(t, t) != here
+        )
+    depth: dict = {}
+
+    def level(node) -> int:
+        if node not in depth:
+            depth[node] = 1 + max((level(t) for t in nodes.get(node, ())), default=0)
+        return depth[node]
+
+    return max((level(n) for n in nodes), default=0)
+
+
+def top_room(module: str) -> str:
+    """A module's room for counting: the package's child it lives in (a folder or a module)."""
+    return ".".join(module.split(".")[:2])
+
+
+def graph_counts(root: Path, rooms: Sequence[Sequence[str]] | None = None) -> dict[str, int]:
+    """The import graph in numbers, of modules and of rooms (the package's children).
+
+    Levels: the longest chain of imports, the modules of one circle counted as one.
+    With ``rooms``, the imports that point up (or across) their order.
+    """
+    graph = import_graph(root)
+    modules = {m: set(t) for m, t in graph.items()}
+    between: dict[str, set[str]] = {}
+    for m, targets in modules.items():
+        here = top_room(m)
+        between.setdefault(here, set()).update(top_room(t) for t in targets if top_room(t) != here)
+    room_graph = {r: dict.fromkeys(t) for r, t in between.items()}
+    counts = {
+        "modules": len(graph),
+        "arrows": sum(len(t) for t in graph.values()),
+        "levels": _levels(modules),
+        "circles": len(_strongly_connected(graph)),
+        "rooms": len(between),
+        "arrows between rooms": sum(len(t) for t in between.values()),
+        "room levels": _levels(between),
+        "room circles": len(_strongly_connected(room_graph)),
+    }
+    if rooms is not None:
+        counts["imports up or across the rooms"] = len(find_upward_imports(root, rooms))
+    return counts
 
 
 # ---------------------------------------------------------------------------------------------
 # The rules, on xpatch.
+
+
+def test_every_xpatch_module_has_a_room():
+    homeless = [m for m in package_modules(PACKAGE) if room_of(m, ROOMS) is None]
+    assert not homeless, f"modules in no room of ROOMS: {homeless}"
+
+
+def test_imports_point_down_the_rooms_type_hints_included():
+    hits = find_upward_imports(PACKAGE, ROOMS)
+    assert not hits, "imports against the room order:\n" + "\n".join(hits)
 
 
 def test_no_import_cycle_inside_xpatch():
@@ -452,9 +654,44 @@ def test_no_module_reads_another_modules_private_names():
     assert not hits, "private names read across xpatch modules:\n" + "\n".join(hits)
 
 
-def test_no_module_is_over_600_lines():
-    long = find_long_modules(PACKAGE)
-    assert not long, "xpatch modules over the limit:\n" + "\n".join(long)
+def test_each_library_stays_in_its_room():
+    hits = find_mixed_concerns(PACKAGE, ROOMS)
+    assert not hits, "libraries outside their room:\n" + "\n".join(hits)
+
+
+def test_core_functions_take_at_most_8_parameters_and_keep_the_format():
+    long = find_long_signatures(PACKAGE, CORE)
+    skips = find_format_skips(PACKAGE, CORE)
+    assert not long + skips, "\n".join(long + skips)
+
+
+def test_only_the_reduction_objects_compare_reduction_names():
+    hits = find_reduction_name_checks(PACKAGE)
+    assert not hits, "\n".join(hits)
+
+
+def test_core_runs_with_xarray_unimportable():
+    # Load xpatch.core under a bare parent package, with `import xarray` made to fail.
+    code = textwrap.dedent(
+        f"""
+        import sys, types
+        sys.modules["xarray"] = None
+        parent = types.ModuleType("xpatch")
+        parent.__path__ = [{str(CORE.parent)!r}]
+        sys.modules["xpatch"] = parent
+        import numpy as np
+        import xpatch.core as core
+        g = core.Geometry.build({{"x": 10}}, {{"x": 4}}, 3, "shift")
+        w = core.make_window("hann", g.dims, g.size)
+        anchors = g.grid_anchors()
+        out = core.overlap_add(np.ones((len(anchors), 4)), anchors, g.shape, w)
+        assert np.allclose(out, 1.0)
+        print("ok")
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -470,6 +707,17 @@ def make_package(tmp_path: Path, files: dict[str, str]) -> Path:
     return root
 
 
+#: A synthetic house: core < front < (back, side) < cli, the package itself on top.
+SYNTHETIC_ROOMS = (
+    ("pkg.core",),
+    ("pkg.front",),
+    ("pkg.back", "pkg.side"),
+    ("pkg.cli",),
+    ("pkg", "pkg._impl"),
+)
+SYNTHETIC_CONCERNS = {"argparse": "pkg.cli"}
+SYNTHETIC_FORBIDDEN = {"pkg.core": ("xarray",)}
+
 CLEAN_SOURCES = {
     "__init__.py": """
         from pkg import _impl as _impl
@@ -477,11 +725,14 @@ CLEAN_SOURCES = {
         from pkg.front import Front
         """,
     "cli.py": """
-        import pkg  # the top package, which does not import cli: no cycle
+        import argparse
+
+        import pkg.back
 
 
         def main():
-            return pkg.Front(pkg.Geometry((2, 2))).to_back()
+            argparse.ArgumentParser()
+            return pkg.back.Back(None, __name__)
         """,
     "_impl.py": """
         from pkg.core.geometry import Geometry
@@ -490,6 +741,9 @@ CLEAN_SOURCES = {
         from .geometry import Geometry
         """,
     "core/geometry.py": """
+        import numpy as np
+
+
         class Geometry:
             __slots__ = ("_shape",)
 
@@ -498,33 +752,30 @@ CLEAN_SOURCES = {
 
             def __eq__(self, other):
                 return self._shape == other._shape  # its own private name: fine
+
+            def size(self, a, b, c, d, e, f, g, h):  # 8 parameters besides self: fine
+                return np.prod(self._shape)
         """,
     "front.py": """
         from __future__ import annotations
 
-        from typing import TYPE_CHECKING
-
         from pkg.core import Geometry
-
-        if TYPE_CHECKING:
-            from pkg.back import Back  # typing only: not a cycle
 
 
         class Front:
             _window = None
 
-            def __init__(self, geometry: Geometry):
+            def __init__(self, geometry: Geometry, reduce: str = "mean"):
                 self._geometry = geometry
+                self.reduce = reduce  # a default, not a comparison: fine
 
             def window(self):
                 return self._window
-
-            def to_back(self) -> Back:
-                from pkg.back import Back
-
-                return Back(self.window(), __name__)
         """,
     "back.py": """
+        from pkg.front import Front
+
+
         class Base:
             def _setup(self):
                 return 1
@@ -534,7 +785,11 @@ CLEAN_SOURCES = {
             def __init__(self, window, name):
                 self.total = super()._setup() + self._setup()
                 self._window = window
-                self.data = window._data  # a third-party private name: not pkg's business
+                self.front = Front(None)
+                self.data = window._data if window else None  # a third-party private name
+        """,
+    "side.py": """
+        from pkg.core.geometry import Geometry
         """,
 }
 CLEAN = {name: textwrap.dedent(text) for name, text in CLEAN_SOURCES.items()}
@@ -543,25 +798,45 @@ CLEAN = {name: textwrap.dedent(text) for name, text in CLEAN_SOURCES.items()}
 def test_checkers_pass_a_clean_package(tmp_path):
     root = make_package(tmp_path, CLEAN)
     graph = import_graph(root)
-    assert set(graph["pkg.front"]) == {"pkg.core", "pkg.back"}  # not the TYPE_CHECKING import
-    assert set(graph["pkg.cli"]) == {"pkg"}
+    assert set(graph["pkg.back"]) == {"pkg.front"}
+    assert set(graph["pkg.cli"]) == {"pkg.back"}
     assert set(graph["pkg"]) == {"pkg._impl", "pkg.core", "pkg.front"}
     assert find_import_cycles(root) == []
     assert find_private_reads(root) == []
-    assert find_long_modules(root) == []
+    assert find_upward_imports(root, SYNTHETIC_ROOMS) == []
+    assert find_mixed_concerns(root, SYNTHETIC_ROOMS, SYNTHETIC_CONCERNS, SYNTHETIC_FORBIDDEN) == []
+    assert find_long_signatures(root, root / "core", allowed={}) == []
+    assert find_format_skips(root, root / "core") == []
+    assert find_reduction_name_checks(root, owner="pkg.core") == []
+    assert graph_counts(root, SYNTHETIC_ROOMS) == {
+        "modules": 8,
+        "arrows": 9,
+        "levels": 5,  # cli -> back -> front -> core -> core.geometry
+        "circles": 0,
+        "rooms": 7,  # pkg, _impl, cli, core, front, back, side
+        "arrows between rooms": 8,
+        "room levels": 4,  # cli -> back -> front -> core
+        "room circles": 0,
+        "imports up or across the rooms": 0,
+    }
 
 
 def line_of(text: str, fragment: str) -> int:
     return next(n for n, line in enumerate(text.splitlines(), 1) if fragment in line)
 
 
-def test_checkers_catch_planted_violations(tmp_path):
+def test_checkers_catch_planted_cycles_and_private_reads(tmp_path):
     files = dict(CLEAN)
-    # back -> front at module level closes front -> back (an import inside a function), and
-    # back imports one of front's private names (a public one is fine).
+    # front -> back (a type hint only) closes back -> front, and back imports one of
+    # front's private names (a public one is fine).
     files["back.py"] += "\nfrom pkg.front import _helper, helper\n"
     files["front.py"] += textwrap.dedent(
         """
+        from typing import TYPE_CHECKING
+
+        if TYPE_CHECKING:
+            from pkg.back import Back
+
 
         def peek(back: Back):
             return back._setup(), back._window, back.__dict__
@@ -580,11 +855,11 @@ def test_checkers_catch_planted_violations(tmp_path):
     )
     # A core submodule imports its own package's __init__, which imports it.
     files["core/geometry.py"] = "from pkg.core import Geometry as G\n" + files["core/geometry.py"]
-    files["long.py"] = "x = 1\n" * (MAX_LINES + 1)
     root = make_package(tmp_path, files)
-    back_import = line_of(files["back.py"], "from pkg.front import")
-    front_import = line_of(files["front.py"], "        from pkg.back import Back")
+    back_import = line_of(files["back.py"], "from pkg.front import Front")
+    front_import = line_of(files["front.py"], "    from pkg.back import Back")
     peek = line_of(files["front.py"], "back._setup()")
+    private = line_of(files["back.py"], "from pkg.front import _helper")
 
     assert find_import_cycles(root) == [
         f"pkg.back -> pkg.front -> pkg.back  (pkg/back.py:{back_import}, "
@@ -593,13 +868,87 @@ def test_checkers_catch_planted_violations(tmp_path):
         "  (pkg/core/__init__.py:2, pkg/core/geometry.py:1)",
     ]
     assert find_private_reads(root) == [
-        f"pkg/back.py:{back_import} imports _helper from pkg/front.py",
+        f"pkg/back.py:{private} imports _helper from pkg/front.py",
         f"pkg/front.py:{peek} reads _setup defined in pkg/back.py",
         f"pkg/front.py:{peek} reads _window defined in pkg/back.py",
     ]
-    assert find_long_modules(root) == [f"pkg/long.py has {MAX_LINES + 1} lines (limit {MAX_LINES})"]
+    # A type hint that points up the rooms is caught too.
+    assert find_upward_imports(root, SYNTHETIC_ROOMS) == [
+        f"pkg/front.py:{front_import} imports pkg.back: up from room pkg.front (level 1) "
+        "to pkg.back (level 2)"
+    ]
     # An allow-list entry silences one name in one file.
     allowed = {("pkg/front.py", "_setup"): "test", ("pkg/front.py", "_window"): "test"}
     assert find_private_reads(root, allowed) == [
-        f"pkg/back.py:{back_import} imports _helper from pkg/front.py"
+        f"pkg/back.py:{private} imports _helper from pkg/front.py"
     ]
+    assert graph_counts(root, SYNTHETIC_ROOMS)["circles"] == 2
+
+
+def test_checkers_catch_imports_up_and_across_the_rooms(tmp_path):
+    files = dict(CLEAN)
+    files["core/geometry.py"] += (
+        "\n\ndef late():\n    from pkg.front import Front\n\n    return Front\n"
+    )
+    files["side.py"] += "from pkg.back import Back\n"
+    root = make_package(tmp_path, files)
+    late = line_of(files["core/geometry.py"], "from pkg.front import Front")
+    across = line_of(files["side.py"], "from pkg.back import Back")
+    assert find_upward_imports(root, SYNTHETIC_ROOMS) == [
+        f"pkg/core/geometry.py:{late} imports pkg.front: up from room pkg.core (level 0) "
+        "to pkg.front (level 1)",
+        f"pkg/side.py:{across} imports pkg.back: across from room pkg.side (level 2) "
+        "to pkg.back (level 2)",
+    ]
+
+
+def test_checkers_catch_a_library_outside_its_room(tmp_path):
+    files = dict(CLEAN)
+    files["back.py"] = "import argparse.tools\n" + files["back.py"]
+    files["core/geometry.py"] = "import xarray as xr\n" + files["core/geometry.py"]
+    root = make_package(tmp_path, files)
+    assert find_mixed_concerns(root, SYNTHETIC_ROOMS, SYNTHETIC_CONCERNS, SYNTHETIC_FORBIDDEN) == [
+        "pkg/back.py:1 imports argparse, which is pkg.cli's concern",
+        "pkg/core/geometry.py:1 imports xarray in pkg.core",
+    ]
+
+
+def test_checkers_catch_long_signatures_format_skips_and_name_checks(tmp_path):
+    files = dict(CLEAN)
+    files["core/geometry.py"] += textwrap.dedent(
+        """
+
+        def wide(a, b, c, d, e, f, g, h, *rest):
+            return a  # fmt: skip
+
+
+        def reduced(values, reduce):
+            if reduce == "max" or reduce in ("vote", "other"):
+                return values.max()
+            return values
+        """
+    )
+    root = make_package(tmp_path, files)
+    text = files["core/geometry.py"]
+    wide, skip = line_of(text, "def wide("), line_of(text, "# fmt: skip")
+    check = line_of(text, 'if reduce == "max"')
+    assert find_long_signatures(root, root / "core", allowed={}) == [
+        f"pkg/core/geometry.py:{wide} wide takes 9 parameters"
+    ]
+    allowed = {("pkg/core/geometry.py", "wide"): "test"}
+    assert find_long_signatures(root, root / "core", allowed=allowed) == []
+    assert find_format_skips(root, root / "core") == [
+        f"pkg/core/geometry.py:{skip} return a  # fmt: skip"
+    ]
+    assert find_reduction_name_checks(root, owner="pkg.front") == [
+        f"pkg/core/geometry.py:{check} compares with a reduction's name",
+        f"pkg/core/geometry.py:{check} compares with a reduction's name",
+    ]
+    assert find_reduction_name_checks(root, owner="pkg.core.geometry") == []
+
+
+if __name__ == "__main__":
+    folder = Path(sys.argv[1]) if len(sys.argv) > 1 else PACKAGE
+    has_rooms = (folder / "core" / "blend").is_dir()
+    for key, value in graph_counts(folder, ROOMS if has_rooms else None).items():
+        print(f"{key}: {value}")

@@ -27,13 +27,12 @@ from xpatch.core.errors import (
     XPatchError,
 )
 from xpatch.core.samplers import Anchors, AtLabels, JitteredGrid, RandomAnchors, RegularGrid
-from xpatch.geo import AtPoints, InBounds
-from xpatch.io import write
+from xpatch.io.writer import write
 from xpatch.patcher import Patcher, patch
-from xpatch.scenes import ScenePatcher, patch_scenes
-from xpatch.tree import TreePatcher
+from xpatch.scenes.patcher import ScenePatcher, patch_scenes
+from xpatch.tree.patcher import TreePatcher
 from xpatch.version import VERSION as __version__
-from xpatch.weighted_anchors import WeightedAnchors, balanced_weights
+from xpatch.xarray.samplers import AtPoints, InBounds, WeightedAnchors, balanced_weights
 
 __all__ = [
     "Anchors",

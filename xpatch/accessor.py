@@ -11,10 +11,6 @@ from typing import Any
 
 import xarray as xr
 
-from xpatch.core.geometry import Boundary
-from xpatch.core.padding import PadMode
-from xpatch.core.samplers import AtLabels, Sampler
-from xpatch.core.windows import WindowSpec
 from xpatch.patcher import Patcher
 
 
@@ -40,28 +36,15 @@ class PatchAccessor:
         self,
         size: Mapping[Hashable, int] | None = None,
         stride: int | Mapping[Hashable, int] | None = None,
-        *,
-        boundary: Boundary = "shift",
-        window: WindowSpec | Mapping[Hashable, WindowSpec] = "boxcar",
-        sampler: Sampler | AtLabels | None = None,
-        min_valid: float | None = None,
-        pad_value: Any = None,
-        pad_mode: PadMode = "constant",
-        **size_kwargs: int,
+        **options: Any,
     ) -> Patcher:
-        """Build a :class:`~xpatch.Patcher`; see it for the parameters."""
-        return Patcher(
-            self._obj,
-            size,
-            stride,
-            boundary=boundary,
-            window=window,
-            sampler=sampler,
-            min_valid=min_valid,
-            pad_value=pad_value,
-            pad_mode=pad_mode,
-            **size_kwargs,
-        )
+        """Build a :class:`~xpatch.Patcher`: ``Patcher(obj, size, stride, **options)``.
+
+        ``options`` are the Patcher's layout options (``boundary``, ``window``,
+        ``sampler``, ``min_valid``, ``pad_value``, ``pad_mode``) and the patch
+        size as keyword arguments (``y=256, x=256``); see :class:`~xpatch.Patcher`.
+        """
+        return Patcher(self._obj, size, stride, **options)
 
     def anchors(self, size=None, stride=None, **options: Any) -> xr.DataArray:
         """``obj.patch(size, stride, **options).anchors()``."""

@@ -1,50 +1,47 @@
-"""The patcher: an immutable patch layout over a DataArray or Dataset, and its plan.
+"""The patcher: the verbs of a patch layout over a DataArray or Dataset.
 
 :class:`Patcher` is what ``da.patch(...)`` returns (``xpatch.patch(obj, ...)`` is
-its functional spelling). Building one validates every argument, places the
-anchors and compiles them, once, into a :class:`~xpatch.core.plan.Plan` that
-every lazy path shares. The views (:mod:`xpatch.views`), reconstruction
-(:mod:`xpatch.predictions`), inference (:mod:`xpatch.inference`) and the Grain
-source read the patcher through its public properties.
+its functional spelling). Building one builds its state, a frozen
+:class:`~xpatch.xarray.layout.Layout` (every argument validated, the anchors
+placed and compiled, once, into the :class:`~xpatch.core.plan.Plan` that every
+lazy path shares). The verbs hand that layout to the rooms below: the views
+(:mod:`xpatch.xarray.views`), reconstruction (:mod:`xpatch.xarray.reconstruct`),
+inference (:mod:`xpatch.xarray.apply`) and the Grain source (:mod:`xpatch.grain`).
 """
 
 from __future__ import annotations
 
 import operator
 from collections.abc import Hashable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
+from typing import Any, Generic
 
 import xarray as xr
 
-from xpatch import inference, predictions, views
 from xpatch.core.apply import BatchFunction
+from xpatch.core.blend.overlap_add import BlendWindow
 from xpatch.core.chunk_cache import DEFAULT_CACHE_BYTES
-from xpatch.core.errors import DimensionError, GeometryError, OptionError
+from xpatch.core.errors import GeometryError
 from xpatch.core.geometry import Boundary, Geometry
-from xpatch.core.overlap_add import BlendWindow
-from xpatch.core.padding import PadMode, check_pad_mode
-from xpatch.core.plan import Plan, max_group_size
-from xpatch.core.samplers import AtLabels, RegularGrid, Sampler, anchor_array
+from xpatch.core.padding import PadMode
+from xpatch.core.plan import Plan
+from xpatch.core.samplers import AtLabels, Sampler, anchor_array
 from xpatch.core.scale import ScaleSpec
-from xpatch.core.windows import WindowSpec, make_window
-from xpatch.geo import AtPoints, InBounds, patch_bounds, patch_transforms
-from xpatch.layout_checks import label_locator, size_mapping, warn_uncovered
-from xpatch.variables import (
-    check_apply_dtype,
-    check_blendable_predictions,
-    is_dask_backed,
-    pad_value_for,
-    patch_bytes,
-    patched_variables,
-    plan_grid,
-    valid_fraction,
-)
-from xpatch.weighted_anchors import WeightedAnchors
+from xpatch.core.windows import WindowSpec
+from xpatch.grain.source import PatchSource
+from xpatch.xarray import apply as inference
+from xpatch.xarray import reconstruct as predictions
+from xpatch.xarray import views
+from xpatch.xarray.apply import ApplyOptions, ApplyReduction, OutputDims, OutputDTypes
+from xpatch.xarray.encoding import NodataOption
+from xpatch.xarray.georef import patch_bounds, patch_transforms
+from xpatch.xarray.layout import Layout, LayoutOptions, T, size_mapping
+from xpatch.xarray.samplers import ObjectSampler
+from xpatch.xarray.variables import check_apply_dtype, check_blendable_predictions
 
-if TYPE_CHECKING:
-    from xpatch.grain import PatchSource
-
-T = TypeVar("T", xr.DataArray, xr.Dataset)
+#: The defaults of the layout and apply options, spelled once
+#: (:class:`~xpatch.xarray.layout.LayoutOptions`, :class:`~xpatch.xarray.apply.ApplyOptions`).
+DEFAULT = LayoutOptions()
+APPLY = ApplyOptions()
 
 
 class Patcher(Generic[T]):
@@ -136,17 +133,7 @@ class Patcher(Generic[T]):
     [4.0, 3.0, 2.0, 1.0]
     """
 
-    __slots__ = (
-        "_geometry",
-        "_min_valid",
-        "_obj",
-        "_pad_mode",
-        "_pad_value",
-        "_plan",
-        "_sampler",
-        "_window",
-        "_window_spec",
-    )
+    __slots__ = ("_layout",)
 
     def __init__(
         self,
@@ -154,84 +141,17 @@ class Patcher(Generic[T]):
         size: Mapping[Hashable, int] | None = None,
         stride: int | Mapping[Hashable, int] | None = None,
         *,
-        boundary: Boundary = "shift",
-        window: WindowSpec | Mapping[Hashable, WindowSpec] = "boxcar",
-        sampler: Sampler | AtLabels | None = None,
-        min_valid: float | None = None,
-        pad_value: Any = None,
-        pad_mode: PadMode = "constant",
+        boundary: Boundary = DEFAULT.boundary,
+        window: WindowSpec | Mapping[Hashable, WindowSpec] = DEFAULT.window,
+        sampler: Sampler | AtLabels | ObjectSampler | None = DEFAULT.sampler,
+        min_valid: float | None = DEFAULT.min_valid,
+        pad_value: Any = DEFAULT.pad_value,
+        pad_mode: PadMode = DEFAULT.pad_mode,
         **size_kwargs: int,
     ) -> None:
-        if not isinstance(obj, xr.DataArray | xr.Dataset):
-            raise OptionError(
-                f"obj is a {type(obj).__name__}; xpatch patches xarray.DataArray and "
-                "xarray.Dataset objects (wrap numpy arrays with xr.DataArray(arr, dims=...))."
-            )
-        size = size_mapping(size, size_kwargs)
-        unknown = [d for d in size if d not in obj.dims]
-        if unknown:
-            raise DimensionError(
-                f"size names dimension(s) {unknown!r} that the {type(obj).__name__} does not "
-                f"have; its dimensions are {list(obj.dims)!r}."
-            )
-        dims = [d for d in obj.dims if d in size]
-        variables = patched_variables(obj, dims)
-        if not variables:
-            raise DimensionError(
-                f"no data variable of the Dataset has any of the patched dimensions {dims!r}."
-            )
-        geometry = Geometry.build({d: obj.sizes[d] for d in dims}, size, stride, boundary)
-        window_array = make_window(window, geometry.dims, geometry.size)
-        sampler = RegularGrid() if sampler is None else sampler
-        if isinstance(sampler, AtLabels):
-            sampler = sampler.resolve(label_locator(obj))
-        elif isinstance(sampler, AtPoints | InBounds | WeightedAnchors):
-            sampler = sampler.resolve(obj, geometry)
-        if not isinstance(sampler, Sampler):
-            raise OptionError(
-                f"sampler={sampler!r} has no anchors(geometry) method; use xpatch.RegularGrid(), "
-                "JitteredGrid, RandomAnchors, Anchors, AtLabels, AtPoints, InBounds or "
-                "WeightedAnchors."
-            )
-        if min_valid is not None and (
-            isinstance(min_valid, bool)
-            or not isinstance(min_valid, int | float)
-            or not 0.0 <= min_valid <= 1.0
-        ):
-            raise OptionError(
-                f"min_valid={min_valid!r} must be a fraction in [0, 1] (or None for no filter)."
-            )
-        pad_mode = check_pad_mode(pad_mode, boundary, pad_value)
-        if boundary == "pad":
-            for name, var in variables.items():
-                pad_value_for(pad_value, var.dtype, name)
-        anchors = sampler.anchors(geometry)  # boundary="raise" refuses here, before any work
-        if getattr(sampler, "covers_grid", False):
-            warn_uncovered(geometry)
-        if min_valid is not None:
-            fraction = valid_fraction(variables, geometry, anchors)
-            anchors = anchors[(fraction > 0) & (fraction >= min_valid)]
-        lazy = any(is_dask_backed(var) for var in variables.values())
-        plan = Plan.compile(
-            anchors,
-            plan_grid(variables, dims, geometry.shape),
-            geometry.size,
-            # Explicit anchors keep the caller's order; so does input in memory.
-            keep_order=bool(getattr(sampler, "keeps_order", False)) or not lazy,
-            max_group=min(max_group_size(patch_bytes(v, size)) for v in variables.values()),
-        )
-        for name, value in (
-            ("_obj", obj),
-            ("_geometry", geometry),
-            ("_window_spec", window),
-            ("_window", BlendWindow.of(window_array)),
-            ("_sampler", sampler),
-            ("_min_valid", min_valid),
-            ("_pad_value", pad_value),
-            ("_pad_mode", pad_mode),
-            ("_plan", plan),
-        ):
-            object.__setattr__(self, name, value)
+        options = LayoutOptions(boundary, window, sampler, min_valid, pad_value, pad_mode)
+        layout = Layout.build(obj, size_mapping(size, size_kwargs), stride, options)
+        object.__setattr__(self, "_layout", layout)
 
     # -- immutability and pickling -------------------------------------------------
 
@@ -241,79 +161,89 @@ class Patcher(Generic[T]):
         )
 
     def __getstate__(self) -> dict:
-        return {name: getattr(self, name) for name in self.__slots__}
+        return {"_layout": self._layout}
 
     def __setstate__(self, state: dict) -> None:
-        object.__setattr__(self, "_pad_mode", "constant")  # pickled before pad_mode existed
-        for name, value in state.items():
-            object.__setattr__(self, name, value)
+        if "_layout" not in state:  # pickled before the layout had a class of its own
+            state = {
+                "_layout": Layout(
+                    state["_obj"],
+                    state["_geometry"],
+                    state["_window_spec"],
+                    state["_window"],
+                    state["_sampler"],
+                    state["_min_valid"],
+                    state["_pad_value"],
+                    state.get("_pad_mode", "constant"),
+                    state["_plan"],
+                )
+            }
+        object.__setattr__(self, "_layout", state["_layout"])
 
     def __repr__(self) -> str:
-        g = self._geometry
-        size = ", ".join(f"{d}: {s}" for d, s in zip(g.dims, g.size))
-        stride = ", ".join(f"{d}: {s}" for d, s in zip(g.dims, g.stride))
-        mode = "" if self._pad_mode == "constant" else f" pad_mode={self._pad_mode!r}"
-        return (
-            f"<xpatch.Patcher ({len(self)} patches) size=({size}) stride=({stride}) "
-            f"boundary={g.boundary!r}{mode} window={self._window_spec!r} sampler={self._sampler!r}>"
-        )
+        return f"<xpatch.Patcher {self._layout!r}>"
 
     # -- layout ---------------------------------------------------------------------
 
     @property
+    def layout(self) -> Layout[T]:
+        """The frozen state these verbs read: object, geometry, window, sampler, plan."""
+        return self._layout
+
+    @property
     def obj(self) -> T:
         """The patched DataArray or Dataset."""
-        return self._obj
+        return self._layout.obj
 
     @property
     def dims(self) -> tuple[Hashable, ...]:
         """The patched dims, in the order they have in the object."""
-        return self._geometry.dims
+        return self._layout.dims
 
     @property
     def size(self) -> dict[Hashable, int]:
         """Patch extent per patched dim."""
-        return dict(zip(self.dims, self._geometry.size))
+        return self._layout.size
 
     @property
     def stride(self) -> dict[Hashable, int]:
         """Step between patch starts per patched dim."""
-        return dict(zip(self.dims, self._geometry.stride))
+        return self._layout.stride
 
     @property
     def boundary(self) -> Boundary:
         """The boundary mode."""
-        return self._geometry.boundary
+        return self._layout.boundary
 
     @property
     def window(self) -> WindowSpec | Mapping[Hashable, WindowSpec]:
         """The window spec as given (see :meth:`weights` for its values)."""
-        return self._window_spec
+        return self._layout.window
 
     @property
     def blend_window(self) -> BlendWindow:
         """The window's values (and 1-D factors), as overlap-add takes them."""
-        return self._window
+        return self._layout.blend_window
 
     @property
     def geometry(self) -> Geometry:
         """The core geometry (sizes, strides, boundary) in axis terms."""
-        return self._geometry
+        return self._layout.geometry
 
     @property
     def sampler(self) -> Sampler:
         """The sampler that placed the patches."""
-        return self._sampler
+        return self._layout.sampler
 
     @property
     def pad_value(self) -> Any:
         """The fill of padded cells as given (None: NaN for floats, 0 for integers)."""
-        return self._pad_value
+        return self._layout.pad_value
 
     @property
     def pad_mode(self) -> PadMode:
         """How ``boundary="pad"`` fills the cells past the array's end (numpy.pad's modes)."""
-        return self._pad_mode
+        return self._layout.pad_mode
 
     @property
     def plan(self) -> Plan:
@@ -322,10 +252,10 @@ class Patcher(Generic[T]):
         Every lazy path reads it: one task per group (one group per input chunk
         for every sampler), output blocks on its grid.
         """
-        return self._plan
+        return self._layout.plan
 
     def __len__(self) -> int:
-        return len(self._plan)
+        return len(self._layout)
 
     def anchors(self) -> xr.DataArray:
         """Start index of every patch along each patched dim.
@@ -350,7 +280,7 @@ class Patcher(Generic[T]):
         [[0, 0], [0, 3]]
         """
         return xr.DataArray(
-            self._plan.anchors.copy(),
+            self._layout.plan.anchors.copy(),
             dims=(views.PATCH_DIM, "dim"),
             coords={"dim": list(self.dims)},
             name="anchors",
@@ -379,7 +309,7 @@ class Patcher(Generic[T]):
         >>> da.patch(y=2, x=3).bounds().values[:2].tolist()
         [[0.0, 20.0, 30.0, 40.0], [30.0, 20.0, 60.0, 40.0]]
         """
-        values = patch_bounds(self._obj, self.dims, self.size, self._plan.anchors)
+        values = patch_bounds(self._layout.obj, self.dims, self.size, self._layout.plan.anchors)
         return xr.DataArray(
             values,
             dims=(views.PATCH_DIM, "bound"),
@@ -402,7 +332,7 @@ class Patcher(Generic[T]):
         >>> da.patch(y=2, x=3).transforms().values[3].tolist()
         [10.0, 0.0, 30.0, 0.0, -10.0, 20.0]
         """
-        values = patch_transforms(self._obj, self.dims, self._plan.anchors)
+        values = patch_transforms(self._layout.obj, self.dims, self._layout.plan.anchors)
         if values is None:
             raise GeometryError(
                 "transforms need a raster: y and x dims with regularly spaced numeric "
@@ -425,7 +355,7 @@ class Patcher(Generic[T]):
         >>> da.patch(t=4, window="hann").weights().round(3).values.tolist()
         [0.146, 0.854, 0.854, 0.146]
         """
-        return xr.DataArray(self._window.values.copy(), dims=self.dims, name="weights")
+        return xr.DataArray(self._layout.blend_window.values.copy(), dims=self.dims, name="weights")
 
     # -- patches ----------------------------------------------------------------------
 
@@ -438,10 +368,10 @@ class Patcher(Generic[T]):
                 f"patch index {index!r} must be an int; for several patches use "
                 "p.patches().isel(patch=...)."
             ) from None
-        anchors = self._plan.anchors
+        anchors = self._layout.plan.anchors
         if not -len(anchors) <= position < len(anchors):
             raise IndexError(f"patch index {position} is out of range for {len(anchors)} patches.")
-        return views.cut(self, anchors[position : position + 1 or None])
+        return views.cut(self._layout, anchors[position : position + 1 or None])
 
     def patch_at(self, anchor: Sequence[int] | Mapping[Hashable, int]) -> T:
         """Return the patch that starts at ``anchor``, with its own coordinate labels.
@@ -461,10 +391,10 @@ class Patcher(Generic[T]):
         """
         if not isinstance(anchor, Mapping):
             anchor = [anchor]
-        anchors = anchor_array(anchor, self._geometry, "anchor")
+        anchors = anchor_array(anchor, self._layout.geometry, "anchor")
         if len(anchors) != 1:
             raise GeometryError(f"anchor={anchor!r} must be one start per patched dimension.")
-        return views.cut(self, anchors)
+        return views.cut(self._layout, anchors)
 
     def patches(self) -> T:
         """All patches stacked along a leading ``"patch"`` dim, in the order of :meth:`anchors`.
@@ -487,35 +417,40 @@ class Patcher(Generic[T]):
         >>> da.patch(y=4, x=4).patches().sizes
         Frozen({'patch': 4, 'band': 3, 'y': 4, 'x': 4})
         """
-        return views.cut(self, None)
+        return views.cut(self._layout, None)
 
     # -- reconstruction and inference --------------------------------------------------
 
     def reconstruct(  # noqa: D102 (doc below)
-        self, pred: T, reduce: inference.ApplyReduction = "mean", *, weights: Any = None,
+        self,
+        pred: T,
+        reduce: ApplyReduction = "mean",
+        *,
+        weights: Any = None,
         scale: ScaleSpec | None = None,
-    ) -> T:  # fmt: skip
-        check_blendable_predictions(pred, self._obj, views.PATCH_DIM)
-        return predictions.reconstruct(self, pred, reduce, weights=weights, scale=scale)
+    ) -> T:
+        check_blendable_predictions(pred, self._layout.obj, views.PATCH_DIM)
+        return predictions.reconstruct(self._layout, pred, reduce, weights=weights, scale=scale)
 
     def apply(  # noqa: D102 (doc below)
         self,
         fn: BatchFunction,
-        batch_size: int = 64,
+        batch_size: int = APPLY.batch_size,
         *,
-        output_dims: inference.OutputDims | None = None,
-        dtype: inference.OutputDTypes | None = None,
-        reduce: inference.ApplyReduction = "mean",
-        nodata: float | Literal["input"] | None = "input",
-        pad_batch: bool = False,
-        out_dtype: inference.OutputDTypes | None = None,
-        scale: ScaleSpec | None = None,
-        weights: Any = None,
+        output_dims: OutputDims | None = APPLY.output_dims,
+        dtype: OutputDTypes | None = APPLY.dtype,
+        reduce: ApplyReduction = APPLY.reduce,
+        nodata: NodataOption = APPLY.nodata,
+        pad_batch: bool = APPLY.pad_batch,
+        out_dtype: OutputDTypes | None = APPLY.out_dtype,
+        scale: ScaleSpec | None = APPLY.scale,
+        weights: Any = APPLY.weights,
     ) -> xr.DataArray | xr.Dataset:
-        check_apply_dtype(self._obj, dtype)
-        return inference.apply(self, fn, batch_size, output_dims=output_dims, dtype=dtype,
-                               reduce=reduce, nodata=nodata, pad_batch=pad_batch,
-                               out_dtype=out_dtype, scale=scale, weights=weights)  # fmt: skip
+        check_apply_dtype(self._layout.obj, dtype)
+        options = ApplyOptions(
+            batch_size, output_dims, dtype, reduce, nodata, pad_batch, out_dtype, scale, weights
+        )
+        return inference.apply(self._layout, fn, options)
 
     reconstruct.__doc__ = predictions.reconstruct.__doc__
     apply.__doc__ = inference.apply.__doc__
@@ -547,8 +482,6 @@ class Patcher(Generic[T]):
         >>> len(src), src[0]["data"].shape, src[0]["anchor"].tolist()
         (9, (3, 32, 32), [0, 0])
         """
-        from xpatch.grain import PatchSource
-
         return PatchSource(
             self, variables=variables, cache_bytes=cache_bytes, transform=transform, weights=weights
         )

@@ -1,112 +1,17 @@
-"""A data source over the patches of a tree of resolutions, one entry per node.
+"""Moved: the tree's Grain source is :class:`xpatch.tree.TreeSource`.
 
-:class:`TreeSource` is thin: each node's patches come from that node's own
-:class:`~xpatch.grain.PatchSource` (its chunk cache, its pickling), and item
-``i`` gathers patch ``i`` of every node, the same ground at every resolution.
+This module keeps the old import path working; importing it warns once.
 """
 
-from __future__ import annotations
+import warnings
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from xpatch.tree.source import SHARED_KEYS, TreeSource
 
-import numpy as np
-from dask.base import tokenize
+warnings.warn(
+    "xpatch.tree_grain moved to xpatch.tree: import TreeSource from xpatch.tree "
+    "(xpatch.tree_grain will be removed).",
+    FutureWarning,
+    stacklevel=2,
+)
 
-if TYPE_CHECKING:
-    from xpatch.grain import PatchSource
-
-#: Keys of a node's item that the tree's item holds once, at its top level.
-SHARED_KEYS = ("anchor", "index")
-
-
-class TreeSource:
-    """Random access to patch ``i`` of every node of a tree, for Grain and PyTorch.
-
-    ``src[i]`` is ``{"anchor": ..., "index": i, "<path>": {var: array, ...}, ...}``:
-    ``"anchor"`` is the patch's start in the reference node's cells (int64),
-    and each patched node's entry holds that node's patch, one numpy array per
-    data variable (plus ``"weights"`` and ``"transform"`` when the node sources
-    serve them). It satisfies ``grain.sources.RandomAccessDataSource``
-    (``__len__``, ``__getitem__(int)``), pickles into worker processes (each
-    node's source drops its cache), and its :attr:`fingerprint` combines the
-    nodes'. Build it with :meth:`xpatch.tree.TreePatcher.to_grain`.
-
-    Parameters
-    ----------
-    sources
-        ``{path: PatchSource}``, the reference node's among them.
-    reference
-        The path of the reference node, whose anchors the items carry.
-
-    Examples
-    --------
-    >>> import numpy as np, xarray as xr, xpatch.tree
-    >>> cells = lambda n, c: {"y": 120.0 - c / 2 - c * np.arange(n), "x": c / 2 + c * np.arange(n)}
-    >>> tree = xr.DataTree.from_dict({
-    ...     "/10m": xr.Dataset({"b2": (("y", "x"), np.zeros((12, 12)))}, coords=cells(12, 10)),
-    ...     "/60m": xr.Dataset({"b1": (("y", "x"), np.ones((2, 2)))}, coords=cells(2, 60)),
-    ... })
-    >>> src = tree.patch(y=6, x=6).to_grain()
-    >>> item = src[3]
-    >>> len(src), item["anchor"].tolist(), item["/10m"]["b2"].shape, item["/60m"]["b1"].shape
-    (4, [6, 6], (6, 6), (1, 1))
-    """
-
-    def __init__(self, sources: Mapping[str, PatchSource], reference: str) -> None:
-        self._sources = dict(sources)
-        self._reference = reference
-        self._fingerprint: str | None = None  # on first use: the nodes' may hash their data
-
-    def __len__(self) -> int:
-        return len(self._sources[self._reference])
-
-    def __getitem__(self, index: int) -> dict:
-        """Patch ``index`` of every node (see the class docstring)."""
-        # The reference's source checks the index, so every node sees a valid one.
-        first = self._sources[self._reference][index]
-        item: dict = {key: first[key] for key in SHARED_KEYS}
-        position = int(first["index"])
-        for path, source in self._sources.items():
-            patch = first if path == self._reference else source[position]
-            item[path] = {k: v for k, v in patch.items() if k not in SHARED_KEYS}
-        return item
-
-    def __repr__(self) -> str:
-        return (
-            f"xpatch.TreeSource({len(self)} patches over the nodes {list(self._sources)}, "
-            f"reference={self._reference!r}, fingerprint={self.fingerprint})"
-        )
-
-    @property
-    def reference(self) -> str:
-        """The path of the reference node."""
-        return self._reference
-
-    @property
-    def sources(self) -> dict[str, PatchSource]:
-        """Each node's :class:`~xpatch.grain.PatchSource`, by path."""
-        return dict(self._sources)
-
-    @property
-    def fingerprint(self) -> str:
-        """A token of every node's data and layout: the nodes' fingerprints, by path.
-
-        Examples
-        --------
-        >>> import numpy as np, xarray as xr, xpatch.tree
-        >>> cells = {"y": 35.0 - 10 * np.arange(4), "x": 5.0 + 10 * np.arange(4)}
-        >>> tree = xr.DataTree.from_dict({"/a": xr.Dataset({"v": (("y", "x"), np.zeros((4, 4)))},
-        ...                                                coords=cells)})
-        >>> fp = tree.patch(y=2, x=2).to_grain().fingerprint
-        >>> fp == tree.patch(y=2, x=2).to_grain().fingerprint, len(fp) == 16
-        (True, True)
-        """
-        if self._fingerprint is None:
-            nodes = [(path, source.fingerprint) for path, source in self._sources.items()]
-            self._fingerprint = tokenize("xpatch.TreeSource", self._reference, nodes)[:16]
-        return self._fingerprint
-
-    def anchors(self) -> np.ndarray:
-        """Return the reference node's anchors, ``(n, k)`` int64, in item order."""
-        return np.asarray(self._sources[self._reference].patcher.plan.anchors).copy()
+__all__ = ["SHARED_KEYS", "TreeSource"]

@@ -1,12 +1,17 @@
 """The numpy/dask core of xpatch: geometry, windows, extraction, overlap-add, caching.
 
-Also the samplers, and the chunk cache and chunk-local shuffle behind the Grain source.
+Also the samplers, sliding-window inference (:mod:`xpatch.core.apply`), and the
+chunk cache and chunk-local shuffle behind the Grain sources. Blending results back
+onto the grid is the sub-folder :mod:`xpatch.core.blend` (the reductions and their
+kernels).
 
-Nothing in this package imports xarray; the modules above it (``xpatch.patcher``
-and its views) are the layer that
-knows about dimension names' coordinates and attributes.
+Nothing in this package imports xarray; the layer above it (:mod:`xpatch.xarray`)
+knows about dimension names, coordinates and attributes.
 """
 
+from xpatch.core.blend.overlap_add import overlap_add
+from xpatch.core.blend.partials import overlap_add_dask
+from xpatch.core.blend.reductions import REDUCTIONS, Reduction, ReductionName
 from xpatch.core.errors import (
     DimensionError,
     GeometryError,
@@ -16,8 +21,6 @@ from xpatch.core.errors import (
     XPatchError,
 )
 from xpatch.core.geometry import BOUNDARIES, Boundary, Geometry
-from xpatch.core.overlap_add import REDUCTIONS, Reduction, overlap_add
-from xpatch.core.partials import overlap_add_dask
 from xpatch.core.samplers import (
     Anchors,
     AtLabels,
@@ -42,6 +45,7 @@ __all__ = [
     "PredictionError",
     "RandomAnchors",
     "Reduction",
+    "ReductionName",
     "RegularGrid",
     "Sampler",
     "UncoveredCellsWarning",

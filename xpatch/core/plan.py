@@ -260,8 +260,10 @@ def column_bounds(anchors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     [[1, 0], [3, 5]]
     """
     columns = [anchors[:, j] for j in range(anchors.shape[1])]
-    return (np.array([c.min() for c in columns], dtype=anchors.dtype),
-            np.array([c.max() for c in columns], dtype=anchors.dtype))  # fmt: skip
+    return (
+        np.array([c.min() for c in columns], dtype=anchors.dtype),
+        np.array([c.max() for c in columns], dtype=anchors.dtype),
+    )
 
 
 def reaching(

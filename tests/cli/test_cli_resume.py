@@ -1,0 +1,226 @@
+"""``xpatch apply`` resumes only the same computation, and says what to do otherwise."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import dask
+import numpy as np
+import pytest
+import xarray as xr
+from fsspec.implementations.local import LocalFileSystem
+
+from xpatch.cli import main
+from xpatch.io.record import WriterLock
+
+pytest.importorskip("rioxarray")
+
+MODEL = textwrap.dedent(
+    """
+    import os
+
+    CALLS = [0]
+
+
+    def double(batch):
+        # Crashes after XPATCH_TEST_CRASH_AFTER batches: the environment is not the
+        # model's code, so a rerun without it is the same model.
+        CALLS[0] += 1
+        crash_after = os.environ.get("XPATCH_TEST_CRASH_AFTER")
+        if crash_after and CALLS[0] > int(crash_after):
+            raise RuntimeError("simulated crash")
+        return batch * FACTOR
+
+
+    FACTOR = 2
+    """
+)
+
+
+@pytest.fixture
+def scene(tmp_path):
+    values = np.random.default_rng(11).random((2, 96, 128)).astype("float32")
+    da = xr.DataArray(
+        values,
+        dims=("band", "y", "x"),
+        coords={"band": [1, 2], "y": 5000.0 - 10.0 * np.arange(96), "x": 10.0 * np.arange(128)},
+        name="reflectance",
+    ).rio.write_crs("EPSG:32633")
+    path = tmp_path / "in.tif"
+    da.rio.to_raster(path)
+    return path, values
+
+
+@pytest.fixture
+def model_file(tmp_path):
+    path = tmp_path / "resume_model.py"
+    path.write_text(MODEL)
+    return path
+
+
+def run(argv, crash_after=None, monkeypatch=None):
+    """Run ``xpatch apply`` in this process on the synchronous scheduler."""
+    if crash_after is not None:
+        monkeypatch.setenv("XPATCH_TEST_CRASH_AFTER", str(crash_after))
+    try:
+        with dask.config.set(scheduler="synchronous"):
+            return main(["apply", *argv, "--no-progress"])
+    finally:
+        if monkeypatch is not None:
+            monkeypatch.delenv("XPATCH_TEST_CRASH_AFTER", raising=False)
+
+
+def base_argv(scene, model_file, target):
+    source, _ = scene
+    return [
+        str(source),
+        str(target),
+        "--fn",
+        f"{model_file}:double",
+        "--size",
+        "32",
+        "--stride",
+        "24",
+        "--chunks",
+        "32",
+        "--window",
+        "hann",
+    ]
+
+
+def crash(argv, monkeypatch):
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        run(argv, crash_after=5, monkeypatch=monkeypatch)
+
+
+def done_markers(target) -> list[str]:
+    return sorted(p.name for p in (target / ".xpatch" / "done").glob("*/*"))
+
+
+def change_option(argv, option, value):
+    argv = list(argv)
+    argv[argv.index(option) + 1] = value
+    return argv
+
+
+@pytest.mark.parametrize(
+    ("what", "expected"),
+    [
+        ("model", "model (fn)"),
+        ("input", "input"),
+        ("size", "size"),
+        ("stride", "stride"),
+        ("window", "window"),
+    ],
+)
+def test_a_changed_computation_is_refused_and_the_run_stays_resumable(
+    what, expected, scene, model_file, tmp_path, monkeypatch, capsys
+):
+    target = tmp_path / "out.zarr"
+    argv = base_argv(scene, model_file, target)
+    crash(argv, monkeypatch)
+    done = done_markers(target)
+    assert done, "the crashed run wrote no block: the test would prove nothing"
+
+    changed = list(argv)
+    if what == "model":
+        model_file.write_text(MODEL.replace("FACTOR = 2", "FACTOR = 3"))
+    elif what == "input":
+        source, values = scene
+        other = xr.open_dataarray(source, engine="rasterio").load()
+        other.values[:] = values + 1
+        other.rio.to_raster(source)
+    elif what == "size":
+        changed = change_option(argv, "--size", "40")
+    elif what == "stride":
+        changed = change_option(argv, "--stride", "16")
+    else:
+        changed = change_option(argv, "--window", "triangular")
+    capsys.readouterr()
+
+    assert run(changed) == 2
+    err = capsys.readouterr().err
+    assert "another computation" in err, err
+    assert expected in err, err
+    assert "--restart" in err and "--force-resume" in err, err
+    assert done_markers(target) == done  # nothing written, nothing removed
+
+    # Starting again with the change is what --restart is for.
+    assert run([*changed, "--restart"]) == 0
+    factor = 3 if what == "model" else 2
+    source, values = scene
+    if what == "input":
+        values = values + 1
+    written = xr.open_zarr(target)["out"].values
+    np.testing.assert_allclose(written, values * factor, rtol=1e-6)
+
+
+def test_the_same_command_resumes_and_writes_only_the_missing_blocks(
+    scene, model_file, tmp_path, monkeypatch, capsys
+):
+    target = tmp_path / "out.zarr"
+    argv = base_argv(scene, model_file, target)
+    crash(argv, monkeypatch)
+    done = len(done_markers(target))
+    capsys.readouterr()
+
+    # Another batch size changes no value: still the same computation.
+    assert run([*argv, "--batch-size", "7"]) == 0
+    out = capsys.readouterr().out
+    total = 3 * 4  # 96 x 128 in 32-cell chunks
+    assert f"wrote {total - done} blocks" in out, out
+    np.testing.assert_allclose(xr.open_zarr(target)["out"].values, scene[1] * 2, rtol=1e-6)
+    assert not (target / ".xpatch").exists()
+
+
+def test_force_resume_continues_after_a_change_that_alters_no_value(
+    scene, model_file, tmp_path, monkeypatch, capsys
+):
+    target = tmp_path / "out.zarr"
+    argv = base_argv(scene, model_file, target)
+    crash(argv, monkeypatch)
+    model_file.write_text(MODEL.replace("def double", "# a comment\ndef double"))
+    assert run(argv) == 2
+    assert "another computation" in capsys.readouterr().err
+    assert run([*argv, "--force-resume"]) == 0
+    np.testing.assert_allclose(xr.open_zarr(target)["out"].values, scene[1] * 2, rtol=1e-6)
+    assert run([*argv, "--force-resume", "--restart"]) == 2
+    assert "exclude each other" in capsys.readouterr().err
+
+
+def test_a_killed_writers_lock_needs_break_lock(scene, model_file, tmp_path, capsys):
+    target = tmp_path / "out.zarr"
+    argv = base_argv(scene, model_file, target)
+    # A writer that was killed: its process is gone, its lock is not.
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    folder = target / ".xpatch"
+    folder.mkdir(parents=True)
+    info = WriterLock(LocalFileSystem(), str(folder), str(target)).content()
+    info.update(pid=gone.pid, command="xpatch apply (killed)")
+    (folder / "lock.json").write_text(json.dumps(info))
+
+    assert run(argv) == 2
+    err = capsys.readouterr().err
+    assert "no longer runs" in err and "--break-lock" in err, err
+    assert run([*argv, "--break-lock"]) == 0
+    np.testing.assert_allclose(xr.open_zarr(target)["out"].values, scene[1] * 2, rtol=1e-6)
+    assert not (folder / "lock.json").exists()
+
+
+def test_an_object_store_url_is_not_a_local_folder(
+    scene, model_file, tmp_path, monkeypatch, capsys
+):
+    monkeypatch.chdir(tmp_path)
+    argv = base_argv(scene, model_file, "memory://cli-test/out.zarr")
+    assert run(argv) == 0
+    assert not (tmp_path / "memory:").exists()
+    written = xr.open_zarr("memory://cli-test/out.zarr")["out"].values
+    np.testing.assert_allclose(written, scene[1] * 2, rtol=1e-6)
+    unknown = [argv[0], "nosuch://x/out.zarr", *argv[2:]]
+    assert run(unknown) == 2
+    assert "fsspec knows no filesystem" in capsys.readouterr().err
+    assert not list(tmp_path.glob("nosuch*"))

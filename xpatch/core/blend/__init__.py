@@ -1,0 +1,1 @@
+"""Blending per-patch results back onto the grid: weighted overlap-add and its reductions."""

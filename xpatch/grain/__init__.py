@@ -1,0 +1,20 @@
+"""Training with Grain (and PyTorch): data sources over patches, and their pipelines.
+
+The sources need only numpy: :class:`PatchSource` (one patched array or Dataset);
+every source shares :class:`~xpatch.grain.base.Source` (the chunk-local order, the
+fingerprint, the checkpoints). Their pipeline methods (``chunk_shuffle``,
+``with_fingerprint``) need ``pip install "xarray-patch[grain]"``;
+:mod:`xpatch.grain.datasets` imports grain.
+"""
+
+from xpatch.grain.base import GRAIN_HINT, Source, mark_absl_flags_parsed, require_grain
+from xpatch.grain.source import ITEM_KEYS, PatchSource
+
+__all__ = [
+    "GRAIN_HINT",
+    "ITEM_KEYS",
+    "PatchSource",
+    "Source",
+    "mark_absl_flags_parsed",
+    "require_grain",
+]

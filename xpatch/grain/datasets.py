@@ -1,0 +1,351 @@
+"""The Grain datasets xpatch owns: the chunk-local shuffle and the fingerprinted state.
+
+This module imports grain; the sources (:mod:`xpatch.grain.base`) import it only when
+a pipeline method is called, so a data source itself needs only numpy.
+
+grain 0.2.18 keeps no state in a ``MapDataset``: the iterator of
+``map_dataset.to_iter_dataset()`` saves ``{"next_index": n}`` whatever the
+datasets before it, so no ``MapDataset`` can add the source's fingerprint to a
+checkpoint. An ``IterDataset`` can: :class:`FingerprintIterDataset` nests its
+parent's state under the fingerprint and refuses a state saved from another source.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import grain
+import numpy as np
+
+from xpatch.core.errors import OptionError
+from xpatch.core.shuffle import (
+    check_count,
+    check_seed,
+    worker_permutation,
+)
+
+
+class ShuffledSource(Protocol):
+    """What the datasets here read of a source (:class:`xpatch.grain.base.Source`)."""
+
+    fingerprint: str
+    patcher: Any
+    variables: tuple
+
+    def __len__(self) -> int: ...
+
+    def chunk_of_patch(self) -> np.ndarray: ...  # noqa: D102
+
+    def shuffle_groups(self) -> np.ndarray: ...  # noqa: D102
+
+
+#: Keys of a fingerprinted iterator state: the source's fingerprint, a readable
+#: description of its layout (for the error message), and the pipeline's own state.
+FINGERPRINT_KEY = "xpatch_fingerprint"
+LAYOUT_KEY = "xpatch_layout"
+PIPELINE_KEY = "pipeline"
+
+#: Longest layout description kept in a state: explicit anchors print long, and a
+#: state placed before ``mp_prefetch`` travels with every element.
+LAYOUT_CHARS = 400
+
+
+def chunk_shuffle(
+    source: ShuffledSource,
+    dataset: Any,
+    seed: int,
+    shard_options: Any,
+    worker_count: int = 1,
+    batch_size: int = 1,
+) -> ChunkShuffleMapDataset:
+    """Build ``source.chunk_shuffle(dataset, seed=..., ...)`` (see there)."""
+    worker_count = check_count("worker_count", worker_count)
+    batch_size = check_count("batch_size", batch_size)
+    if dataset is None:
+        dataset = grain.MapDataset.source(source)
+    groups = source.chunk_of_patch()
+    # Shards split the patches by anchor chunk; the order may group them otherwise.
+    visits = source.shuffle_groups()
+    if len(dataset) != len(groups):
+        raise OptionError(
+            f"dataset has {len(dataset)} elements and the source {len(groups)} patches; "
+            "chunk_shuffle needs element i to be patch i: shuffle before filter, batch "
+            "or slicing (use shard_options= to shard)."
+        )
+    members = None
+    if shard_options is not None:
+        # Split the patches in chunk order, not index order: explicit anchors keep
+        # the caller's order, and a run of it could span every chunk.
+        start, stop = shard_range(len(groups), shard_options)
+        members = np.argsort(groups, kind="stable")[start:stop]
+    return ChunkShuffleMapDataset(
+        dataset,
+        groups=visits,
+        seed=seed,
+        members=members,
+        source=source,
+        dealt=(worker_count, batch_size),
+    )
+
+
+def shard_range(count: int, shard_options: Any) -> tuple[int, int]:
+    """``(start, stop)`` of a shard's contiguous run, split as Grain's ``IndexSampler`` does.
+
+    Examples
+    --------
+    >>> from types import SimpleNamespace as Options
+    >>> [shard_range(10, Options(shard_index=i, shard_count=3, drop_remainder=False))
+    ...  for i in range(3)]
+    [(0, 4), (4, 7), (7, 10)]
+    """
+    index, shards = int(shard_options.shard_index), int(shard_options.shard_count)
+    if not 0 <= index < shards:
+        raise OptionError(
+            f"shard_options has shard_index={index} and shard_count={shards}; the index must "
+            "be in [0, shard_count)."
+        )
+    per_shard, remainder = divmod(count, shards)
+    start, stop = per_shard * index, per_shard * (index + 1)
+    if not shard_options.drop_remainder:
+        start += min(index, remainder)
+        stop += min(index + 1, remainder)
+    return start, stop
+
+
+class ChunkShuffleMapDataset(grain.MapDataset):
+    """Visit groups (chunks) in a random order and their elements in a random order.
+
+    Element ``i`` of epoch ``e`` (index ``e * len + i``) is the parent's element
+    ``e * len + perm_e[i]``, where ``perm_e`` depends on ``(seed, e)`` only.
+
+    Its iterator (``.to_iter_dataset()``, or iterating it) carries the source's
+    fingerprint in its state, as :meth:`xpatch.grain.base.Source.with_fingerprint`
+    does; after ``.batch``, ``.map`` or ``.repeat`` that iterator is Grain's, so
+    end such pipelines with ``.pipe(src.with_fingerprint)``.
+
+    Parameters
+    ----------
+    parent
+        The dataset to shuffle.
+    groups
+        ``(len(parent),)`` group label of every element, or ``(len(parent), m)``
+        labels, -1 padded (the chunks its patch touches: it comes with the last).
+    seed
+        ``0 <= seed < 2**32``.
+    members
+        The parent's elements to serve (a shard); default all of them.
+    source
+        The :class:`~xpatch.grain.base.Source` whose patches ``parent`` serves.
+    dealt
+        ``(worker_count, batch_size)``: each epoch's order is dealt to
+        ``mp_prefetch`` workers that take every ``worker_count``-th batch of
+        ``batch_size`` (:func:`~xpatch.core.shuffle.worker_permutation`).
+    """
+
+    _MUTATES_ELEMENT_SPEC = False
+
+    def __init__(
+        self,
+        parent: grain.MapDataset,
+        *,
+        groups: np.ndarray,
+        seed: int,
+        members: np.ndarray | None = None,
+        source: ShuffledSource | None = None,
+        dealt: tuple[int, int] = (1, 1),
+    ) -> None:
+        super().__init__(parent)
+        self._dealt = dealt
+        self._seed = check_seed(seed)
+        self._members = np.arange(len(parent)) if members is None else np.asarray(members)
+        self._groups = np.asarray(groups)[self._members]
+        self._source = source
+        self._lock = threading.Lock()
+        self._permutations: dict[int, np.ndarray] = {}
+
+    def __len__(self) -> int:
+        return len(self._members)
+
+    @property
+    def dealt(self) -> tuple[int, int]:
+        """``(worker_count, batch_size)`` the epochs are dealt to."""
+        return self._dealt
+
+    def __str__(self) -> str:
+        return f"ChunkShuffleMapDataset(seed={self._seed})"
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state["_lock"] = None
+        state["_permutations"] = {}
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    def to_iter_dataset(
+        self, read_options: Any = None, *, allow_nones: bool = False
+    ) -> grain.IterDataset:
+        """``grain.MapDataset.to_iter_dataset``, with the source's fingerprint in its state."""
+        iter_dataset = super().to_iter_dataset(read_options, allow_nones=allow_nones)
+        if self._source is None:
+            return iter_dataset
+        return FingerprintIterDataset.wrap(iter_dataset, self._source)
+
+    def permutation(self, epoch: int) -> np.ndarray:
+        """Return the order of epoch ``epoch``: positions in ``members``."""
+        with self._lock:
+            cached = self._permutations.get(epoch)
+        if cached is not None:
+            return cached
+        order = worker_permutation(self._groups, self._seed, epoch, *self._dealt)
+        with self._lock:
+            # Two epochs are live at a boundary when prefetching runs ahead.
+            if len(self._permutations) >= 2:
+                self._permutations.pop(min(self._permutations))
+            self._permutations[epoch] = order
+        return order
+
+    def _shuffled_index(self, index: int) -> int:
+        epoch, within = divmod(int(index), len(self._members))
+        member = self._members[self.permutation(epoch)[within]]
+        return int(member) + epoch * len(self._parent)
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return self.slice(index)
+        return self._parent[self._shuffled_index(index)]
+
+    def _getitems(self, indices: Sequence[int]) -> Any:
+        return self._parent._getitems([self._shuffled_index(i) for i in indices])
+
+
+def dealt_suffix(dataset: Any) -> str:
+    """``"/workers=W,batch=B"`` for a pipeline whose chunk shuffle deals to ``W > 1`` workers.
+
+    That order depends on ``W`` and ``B``: a checkpoint resumed under others would
+    continue at the same position of another order. Empty otherwise, so that the
+    states of other pipelines keep the source's fingerprint alone.
+    """
+    stack, seen = [dataset], set()
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, ChunkShuffleMapDataset) and node.dealt[0] > 1:
+            return f"/workers={node.dealt[0]},batch={node.dealt[1]}"
+        stack.extend(getattr(node, "parents", ()))
+    return ""
+
+
+class FingerprintIterDataset(grain.IterDataset):
+    """An ``IterDataset`` whose iterator state carries a source's fingerprint.
+
+    ``get_state()`` is ``{"xpatch_fingerprint": ..., "xpatch_layout": ...,
+    "pipeline": <the parent's state>}`` (strings and the parent's state, so it
+    stays JSON-serialisable for Orbax); ``set_state`` raises
+    :class:`~xpatch.OptionError` for a state saved from a source with another
+    fingerprint, or without one, before touching the parent. Build it with
+    :meth:`xpatch.grain.base.Source.with_fingerprint`.
+    """
+
+    def __init__(self, parent: grain.IterDataset, fingerprint: str, layout: str) -> None:
+        super().__init__(parent)
+        self._fingerprint = fingerprint
+        self._layout = layout
+
+    @classmethod
+    def wrap(cls, dataset: Any, source: ShuffledSource) -> FingerprintIterDataset:
+        """``dataset`` with ``source``'s fingerprint in its state (itself if it has it already)."""
+        if isinstance(dataset, grain.MapDataset):
+            raise OptionError(
+                f"with_fingerprint got a MapDataset ({dataset}); it wraps an IterDataset, whose "
+                "iterator has a state: call .to_iter_dataset() first, e.g. "
+                "ds.to_iter_dataset().pipe(src.with_fingerprint)."
+            )
+        if not isinstance(dataset, grain.IterDataset):
+            raise OptionError(
+                f"with_fingerprint got a {type(dataset).__name__}; pass a grain.IterDataset, "
+                "e.g. grain.MapDataset.source(src).to_iter_dataset()."
+            )
+        fingerprint = source.fingerprint + dealt_suffix(dataset)
+        if isinstance(dataset, cls) and dataset.fingerprint == fingerprint:
+            return dataset
+        layout = f"{source.patcher!r}, variables {source.variables}"
+        if len(layout) > LAYOUT_CHARS:
+            layout = layout[: LAYOUT_CHARS - 3] + "..."
+        return cls(dataset, fingerprint, layout)
+
+    @property
+    def fingerprint(self) -> str:
+        """The fingerprint the states of this dataset's iterators carry."""
+        return self._fingerprint
+
+    def __iter__(self) -> grain.DatasetIterator:
+        return _FingerprintIterator(self._parent.__iter__(), self._fingerprint, self._layout)
+
+    def __str__(self) -> str:
+        return f"FingerprintIterDataset(fingerprint={self._fingerprint})"
+
+
+class _FingerprintIterator(grain.DatasetIterator):
+    """The iterator of :class:`FingerprintIterDataset`: the parent's, with a checked state."""
+
+    _MUTATES_ELEMENT_SPEC = False
+
+    def __init__(self, parent: grain.DatasetIterator, fingerprint: str, layout: str) -> None:
+        super().__init__(parent)
+        self._fingerprint = fingerprint
+        self._layout = layout
+
+    def __next__(self) -> Any:
+        return next(self._parent)
+
+    def get_state(self) -> dict[str, Any]:
+        return {
+            FINGERPRINT_KEY: self._fingerprint,
+            LAYOUT_KEY: self._layout,
+            PIPELINE_KEY: self._parent.get_state(),
+        }
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        if not isinstance(state, dict) or FINGERPRINT_KEY not in state or PIPELINE_KEY not in state:
+            keys = sorted(state) if isinstance(state, dict) else type(state).__name__
+            raise OptionError(
+                f"set_state got a state without {FINGERPRINT_KEY!r} (it has {keys}): it was "
+                "saved from a pipeline that did not end with .pipe(src.with_fingerprint), so "
+                "nothing says which source it belongs to. Restore it into that pipeline, or, "
+                f"if it was saved from this very source, pass {{{FINGERPRINT_KEY!r}: "
+                f"src.fingerprint, {PIPELINE_KEY!r}: state}}."
+            )
+        saved = state[FINGERPRINT_KEY]
+        if saved != self._fingerprint:
+            saved_layout = state.get(LAYOUT_KEY, "not recorded")
+            raise OptionError(
+                f"set_state: the checkpoint was saved from an xpatch source with fingerprint "
+                f"{saved!r} and this pipeline reads one with fingerprint {self._fingerprint!r}: "
+                "another layout (size, stride, window, boundary, sampler, anchors, pad_value, "
+                "pad_mode, variables, transform, chunk_shuffle's worker_count or batch_size, "
+                "or a cache_bytes or xpatch release that "
+                "orders chunk_shuffle's straddling patches otherwise) or other data, so "
+                "resuming would continue at the "
+                f"same position in other patches. Saved: {saved_layout}. Now: {self._layout}. "
+                "Where the two read the same, the data differ. To resume, rebuild the source "
+                "as it was saved (the same data and the same patch(...) and to_grain(...) "
+                "arguments); to train on this source, start its pipeline from the beginning "
+                "(no set_state)."
+            )
+        self._parent.set_state(state[PIPELINE_KEY])
+
+    def _get_next_index(self) -> int:
+        return self._parent._get_next_index()
+
+    def _set_next_index(self, index: int) -> None:
+        self._parent._set_next_index(index)
+
+    def __str__(self) -> str:
+        return f"FingerprintIterDataset(fingerprint={self._fingerprint})"

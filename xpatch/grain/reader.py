@@ -1,0 +1,331 @@
+"""How :class:`~xpatch.grain.PatchSource` reads one patch: chunks, frames, padding, weights.
+
+One :class:`VariablePlan` per served variable says which of the layout's patched
+dims the variable has, where, and how its patches are shaped and padded.
+:class:`PatchReader` holds what reading needs of one patched object (its
+variables' plans, chunk grid, patch size, pad mode and window) and a chunk
+cache. It copies a patch out of the cached chunks it touches; a patch that
+straddles into a chunk the cache no longer holds whole is served from that
+chunk's frame (:mod:`xpatch.core.chunk_frames`) when frames are on, as they are
+under a chunk shuffle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+
+import numpy as np
+import xarray as xr
+
+from xpatch.core.chunk_cache import ChunkCache, assemble_patch, read_region
+from xpatch.core.chunk_frames import (
+    FRAME_SHARE_OF_CHUNK,
+    FrameLayout,
+    covering_slab,
+    cut_frame,
+    frame_bytes,
+)
+from xpatch.core.extract import check_pad_value
+from xpatch.core.padding import fill_padded
+from xpatch.core.plan import ChunkGrid
+from xpatch.xarray.variables import is_dask_backed
+
+
+class VariablePlan:
+    """How to cut one variable's patches: its patched axes, patch shape and pad value."""
+
+    __slots__ = (
+        "axes",
+        "columns",
+        "dtype",
+        "extents",
+        "lazy",
+        "name",
+        "pad_value",
+        "patch_shape",
+        "patch_size",
+        "var",
+    )
+
+    def __init__(
+        self, name: Hashable, var: xr.Variable, dims: Sequence[Hashable], size, pad_value
+    ) -> None:
+        self.name = name
+        self.var = var
+        # The patched axes the variable has, in its own order, and for each the
+        # column of the patcher's anchors (which follow the patcher's dim order).
+        present = [j for j in range(len(dims)) if dims[j] in var.dims]
+        self.columns = sorted(present, key=lambda j: var.dims.index(dims[j]))
+        self.axes = [var.dims.index(dims[j]) for j in self.columns]
+        shape = list(var.shape)
+        for ax, j in zip(self.axes, self.columns):
+            shape[ax] = size[j]
+        self.patch_shape = tuple(shape)
+        self.patch_size = [shape[ax] for ax in self.axes]
+        self.extents = [var.shape[ax] for ax in self.axes]
+        self.dtype = var.dtype
+        self.pad_value = check_pad_value(pad_value, var.dtype)
+        self.lazy = is_dask_backed(var)
+
+
+def variable_index(plan: VariablePlan, region: Sequence[slice], clip: bool = False) -> tuple:
+    """Index of ``plan.var`` for ``region`` (slices in the patcher's dim order)."""
+    index: list[slice] = [slice(None)] * plan.var.ndim
+    for ax, j in zip(plan.axes, plan.columns):
+        sl = region[j]
+        index[ax] = slice(sl.start, min(sl.stop, plan.var.shape[ax])) if clip else sl
+    return tuple(index)
+
+
+class PatchReader:
+    """Read patches of one patched object through a chunk cache.
+
+    Parameters
+    ----------
+    plans
+        One per served variable.
+    grid
+        The chunk grid along the patched axes, or None for input without dask chunks.
+    anchors
+        ``(n, dims)`` every patch's start: the frames are measured on them.
+    size, shape
+        Patch size and array extent per patched dim.
+    pad_mode
+        How cells past the array's edge are filled.
+    window
+        The blending window, float32, of the patch's shape.
+    cache_bytes
+        Byte limit of the chunk cache (built per process: see :meth:`__getstate__`).
+    """
+
+    def __init__(
+        self,
+        plans: Sequence[VariablePlan],
+        grid: ChunkGrid | None,
+        anchors: np.ndarray,
+        size: Sequence[int],
+        shape: Sequence[int],
+        pad_mode: str,
+        window: np.ndarray,
+        cache_bytes: int,
+    ) -> None:
+        self.plans = list(plans)
+        self.grid = grid
+        self.size = list(size)
+        self.shape = list(shape)
+        self.pad_mode = pad_mode
+        self.window = window
+        self.cache_bytes = int(cache_bytes)
+        self.frames: FrameLayout | None = None  # set when frames are kept
+        self._anchors = anchors
+        self._layout: FrameLayout | None = None
+        self.cache = ChunkCache(self.cache_bytes)
+        #: Cache keys are ``(prefix, block)`` under a prefix (a cache shared by scenes).
+        self.prefix: int | None = None
+        # Most patches lie inside one chunk and inside the array: they take a
+        # short path (one cache lookup, one slice copy) found here for all at once.
+        self._alone = np.full(len(anchors), -1, dtype=np.int64)
+        self._blocks: list[tuple[int, ...]] = []
+        if grid is not None and len(anchors) and all(plan.lazy for plan in self.plans):
+            touched = grid.touched_ids(anchors, size)
+            inside = np.all(anchors + np.asarray(size) <= np.asarray(shape), axis=1)
+            alone = inside & np.all(touched[:, 1:] < 0, axis=1)
+            self._alone[alone] = touched[alone, 0]
+            self._blocks = [tuple(int(i) for i in b) for b in grid.blocks()]
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        del state["cache"]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.cache = ChunkCache(self.cache_bytes, self.frame_of if self.frames else None)
+
+    def share_cache(self, cache: ChunkCache, prefix: int) -> None:
+        """Read through ``cache``, shared with other readers, under keys ``(prefix, block)``.
+
+        The owner of a shared cache sets its ``shrink`` (see :meth:`frame_of`).
+        """
+        self.cache = cache
+        self.prefix = int(prefix)
+
+    def _key(self, block: tuple[int, ...]) -> tuple:
+        return block if self.prefix is None else (self.prefix, block)
+
+    def frames_fit(self) -> bool:
+        """Whether patches cross chunk borders and every chunk's frame fits in the cache.
+
+        The frames of all chunks together, plus the largest chunk, must fit, and
+        no frame may come near its chunk's size: then a chunk-shuffled epoch reads
+        each chunk once.
+        """
+        costs = self.frame_costs()
+        return costs is not None and costs[0] > 0 and sum(costs) <= self.cache_bytes
+
+    def frame_costs(self) -> tuple[int, int] | None:
+        """``(bytes of every chunk's frame, bytes of the largest chunk)``, or None.
+
+        None when some frame comes near its chunk's size (frames would not pay);
+        ``(0, 0)`` for input without dask chunks, whose patches are read directly.
+        """
+        if self.grid is None:
+            return 0, 0
+        layout = self._frame_layout()
+        if layout.any() and layout.largest_share(self.grid) >= FRAME_SHARE_OF_CHUNK:
+            return None
+        cell_bytes = 0
+        for plan in self.plans:
+            if plan.lazy:
+                others = [n for ax, n in enumerate(plan.var.shape) if ax not in plan.axes]
+                cell_bytes += plan.dtype.itemsize * int(np.prod(others, dtype=np.int64))
+        largest = int(np.prod([max(np.diff(s)) for s in self.grid.starts], dtype=np.int64))
+        return layout.total_cells(self.grid) * cell_bytes, largest * cell_bytes
+
+    def keep_frames(self) -> None:
+        """Keep the frames of evicted chunks from now on (a chunk shuffle asks for it).
+
+        A cache of its own then shrinks evicted chunks to their frames; a shared
+        cache's owner routes evictions to :meth:`frame_of` by prefix.
+        """
+        if self.grid is None or self.frames is not None:
+            return
+        self.frames = self._frame_layout()
+        if self.prefix is None:
+            self.cache.shrink = self.frame_of
+
+    def _frame_layout(self) -> FrameLayout:
+        # Measured once: the fingerprint and every epoch's order ask whether frames fit.
+        if self._layout is None:
+            self._layout = FrameLayout.measure(self.grid, self._anchors, self.size)
+        return self._layout
+
+    # -- one patch ----------------------------------------------------------------------
+
+    def read(self, position: int, anchor: tuple[int, ...]) -> dict[Hashable, np.ndarray]:
+        """Each variable's patch ``position``, at ``anchor``."""
+        flat = self._alone[position]
+        if flat >= 0:
+            block = self._blocks[flat]
+            chunk = self._chunk(block)
+            return {plan.name: self._slice(plan, anchor, block, chunk) for plan in self.plans}
+        pieces = self._pieces(anchor) if self.grid is not None else []
+        return {plan.name: self._cut(plan, anchor, pieces) for plan in self.plans}
+
+    def _slice(self, plan: VariablePlan, anchor, block, chunk: dict) -> np.ndarray:
+        values = chunk[plan.name]
+        index = [slice(None)] * values.ndim
+        for ax, j, s in zip(plan.axes, plan.columns, plan.patch_size):
+            start = anchor[j] - self.grid.starts[j][block[j]]
+            index[ax] = slice(start, start + s)
+        return values[tuple(index)].copy()
+
+    def weights(self, anchor: tuple[int, ...]) -> np.ndarray:
+        """Return the window, 0 on cells past the array's edge; a fresh array each call."""
+        # Fresh: consumers such as torch's collate want to own what they get.
+        weights = self.window.copy()
+        for j, (a, s, n) in enumerate(zip(anchor, self.size, self.shape)):
+            if a + s > n:
+                index = [slice(None)] * weights.ndim
+                index[j] = slice(n - a, None)
+                weights[tuple(index)] = 0
+        return weights
+
+    def _pieces(self, anchor: Sequence[int]) -> list:
+        # (region, values) pairs, one per touched chunk: the chunk, or a slab of its frame.
+        blocks = self.grid.touched(anchor, self.size)
+        if len(blocks) == 1 or self.frames is None:
+            return [(self.grid.region(b), self._chunk(b)) for b in blocks]
+        pieces = []
+        for block in blocks:
+            region = self.grid.region(block)
+            box = tuple(
+                slice(max(a, r.start), min(a + s, r.stop))
+                for a, s, r in zip(anchor, self.size, region)
+            )
+            whole, value = self.cache.get_or_frame(
+                self._key(block),
+                lambda frame, box=box: covering_slab(frame, box),
+                lambda b=block: self._load(b),
+            )
+            pieces.append((region, value) if whole else value)
+        return pieces
+
+    def _chunk(self, block: tuple[int, ...]) -> dict[Hashable, np.ndarray]:
+        return self.cache.get(self._key(block), lambda: self._load(block))
+
+    def _load(self, block: tuple[int, ...]) -> dict[Hashable, np.ndarray]:
+        region = self.grid.region(block)
+        loaded = {}
+        for plan in self.plans:
+            if plan.lazy:
+                # The calling thread computes: Grain's read threads and worker
+                # processes are the parallelism; a nested thread pool would contend.
+                value = read_region(plan.var.data, plan.axes, [region[j] for j in plan.columns])
+                # A view: the block may be the one the caller's dask graph holds.
+                value = value.view()
+                value.setflags(write=False)
+                loaded[plan.name] = value
+        return loaded
+
+    def frame_of(self, key: tuple, chunk: dict) -> list | None:
+        """Return the frame to keep of the evicted chunk under cache key ``key``, or None."""
+        if self.frames is None:
+            return None
+        block = key if self.prefix is None else key[1]
+        slabs = self.frames.slabs(self.grid, block)
+        if not slabs:
+            return None
+        columns = {plan.name: list(zip(plan.axes, plan.columns)) for plan in self.plans}
+        frame = cut_frame(self.grid.region(block), slabs, chunk, columns)
+        whole = sum(v.nbytes for v in chunk.values())
+        # A variable lacking a patched axis is copied whole into each slab along it.
+        return frame if frame_bytes(frame) < FRAME_SHARE_OF_CHUNK * whole else None
+
+    def _cut(self, plan: VariablePlan, anchor: tuple[int, ...], pieces: list) -> np.ndarray:
+        local = [anchor[j] for j in plan.columns]
+        inside = all(a + s <= n for a, s, n in zip(local, plan.patch_size, plan.extents))
+        if not inside and self.pad_mode != "constant":  # cells repeated from the input
+            out = np.empty(plan.patch_shape, plan.dtype)
+            read = lambda box: self._read_box(plan, anchor, box)  # noqa: E731
+            return fill_padded(out, plan.axes, local, plan.extents, self.pad_mode, read)
+        out = (
+            np.empty(plan.patch_shape, plan.dtype)
+            if inside
+            else np.full(plan.patch_shape, plan.pad_value, plan.dtype)
+        )
+        if plan.lazy:
+            parts = [
+                (tuple(region[j] for j in plan.columns), values[plan.name])
+                for region, values in pieces
+            ]
+            return assemble_patch(out, plan.axes, local, parts)
+        window = variable_index(
+            plan, [slice(a, a + s) for a, s in zip(anchor, self.size)], clip=True
+        )
+        values = plan.var[window].values
+        target = [slice(None)] * len(plan.patch_shape)
+        for ax in plan.axes:
+            target[ax] = slice(0, values.shape[ax])
+        out[tuple(target)] = values
+        return out
+
+    def _read_box(self, plan: VariablePlan, anchor, box: list[tuple[int, int]]) -> np.ndarray:
+        # The input cells of `box` (one [start, stop) per column of `plan`), whatever
+        # chunks hold them: a patch padded by repetition reads them from far away.
+        lo, size = list(anchor), list(self.size)
+        for j, (a, b) in zip(plan.columns, box):
+            lo[j], size[j] = a, b - a
+        region = [slice(a, a + n) for a, n in zip(lo, size)]
+        if not plan.lazy:
+            return np.asarray(plan.var[variable_index(plan, region)].values)
+        shape = list(plan.patch_shape)
+        for ax, (a, b) in zip(plan.axes, box):
+            shape[ax] = b - a
+        pieces = [
+            (tuple(self.grid.region(b)[j] for j in plan.columns), self._chunk(b)[plan.name])
+            for b in self.grid.touched(lo, size)
+        ]
+        return assemble_patch(
+            np.empty(shape, plan.dtype), plan.axes, [lo[j] for j in plan.columns], pieces
+        )

@@ -1,0 +1,385 @@
+"""The steps of one output's write, which :func:`xpatch.write` drives (see :mod:`xpatch.io.writer`).
+
+:func:`open_output` turns a result and a path into an output (:mod:`xpatch.io.outputs`)
+and the fingerprint of its computation (:mod:`xpatch.xarray.provenance`), raising before
+anything is written; :func:`run_output` takes the output through the steps of a
+write (lock, record, create, blocks, finish); :func:`output_status` tells what an
+output's path holds without taking its lock. :mod:`xpatch.io.scenes` uses them
+to write one output per scene into a folder.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from pathlib import Path
+from typing import Any, Literal
+
+import dask
+import dask.array as da
+import numpy as np
+import xarray as xr
+from dask.delayed import Delayed
+from dask.highlevelgraph import HighLevelGraph
+
+from xpatch.core.checks import check_choice
+from xpatch.core.errors import OptionError, OutputError, OutputExistsError
+from xpatch.io import waves
+from xpatch.io.geotiff import GEOTIFF_RECORD_SUFFIX, GeoTiffOutput, require_rasterio, stack_bands
+from xpatch.io.location import locate
+from xpatch.io.outputs import ZARR_RECORD_FOLDER, Output, StoreTasks, ZarrOutput
+from xpatch.io.waves import active_client
+from xpatch.xarray.encoding import file_nodata
+from xpatch.xarray.provenance import differences, fingerprint
+
+Format = Literal["auto", "zarr", "geotiff"]
+FORMATS = ("auto", "zarr", "geotiff")
+GEOTIFF_SUFFIXES = (".tif", ".tiff")
+
+
+Resume = bool | Literal["force"]
+
+
+def progress_record(path: str | Path, format: Format = "auto") -> Path:
+    """Return the folder of the progress record of the local output ``path``.
+
+    ``path/.xpatch`` inside a zarr store; ``path.xpatch-progress`` beside a GeoTIFF.
+
+    Examples
+    --------
+    >>> progress_record("seg.zarr").name, progress_record("seg.tif").name
+    ('.xpatch', 'seg.tif.xpatch-progress')
+    """
+    path = Path(path)
+    if format == "geotiff" or (format == "auto" and path.suffix.lower() in GEOTIFF_SUFFIXES):
+        return path.with_name(path.name + GEOTIFF_RECORD_SUFFIX)
+    return path / ZARR_RECORD_FOLDER
+
+
+def output_format(path: Any, format: Format = "auto") -> Literal["zarr", "geotiff"]:
+    """Return the format to write ``path`` in: ``format``, or guessed from the suffix.
+
+    Examples
+    --------
+    >>> output_format("seg.tif"), output_format("seg.zarr")
+    ('geotiff', 'zarr')
+    """
+    check_choice("format", format, FORMATS)
+    if format != "auto":
+        return format  # type: ignore[return-value]
+    if not isinstance(path, str | Path):
+        return "zarr"  # a zarr store object
+    suffix = Path(str(path).rstrip("/")).suffix.lower()
+    if suffix in GEOTIFF_SUFFIXES:
+        return "geotiff"
+    if suffix == ".zarr":
+        return "zarr"
+    raise OptionError(
+        f"cannot tell the format of {str(path)!r} from its suffix; name it *.zarr or *.tif, "
+        "or pass format='zarr' / format='geotiff'."
+    )
+
+
+def compute(*collections: Any, progress: bool = True) -> tuple:
+    """``dask.compute`` with a progress bar that fits the scheduler.
+
+    On a ``dask.distributed`` client (if one is active) the futures run on the
+    cluster with distributed's progress bar; otherwise dask's local scheduler
+    runs them under :class:`dask.diagnostics.ProgressBar`.
+
+    Examples
+    --------
+    >>> import dask.array as da
+    >>> compute(da.ones(4, chunks=2).sum(), progress=False)
+    (np.float64(4.0),)
+    """
+    client = active_client()
+    if client is not None:
+        futures = client.compute(list(collections))
+        if progress:
+            from distributed import progress as distributed_progress
+
+            distributed_progress(futures)
+        return tuple(client.gather(futures))
+    if progress:
+        from dask.diagnostics import ProgressBar
+
+        with ProgressBar(dt=0.5):
+            return dask.compute(*collections)
+    return dask.compute(*collections)
+
+
+def run_store_tasks(tasks: StoreTasks, progress: bool) -> int:
+    """Run the store tasks: locally in waves of a few blocks when that pays, else at once."""
+    if not tasks.tasks:
+        return 0
+    name = tasks.name
+    final = (name,)
+    graph = HighLevelGraph.from_collections(
+        name, {**tasks.tasks, final: (sum, list(tasks.tasks))}, dependencies=tasks.dependencies
+    )
+    client = active_client()
+    if client is not None:
+        # One computation lets the cluster's scheduler hold many input chunks and
+        # partials at once, and workers spill (docs/scale.md); waves bound them.
+        # Larger waves than locally: each one is a round trip through the scheduler.
+        threads = sum(client.nthreads().values())
+        plan = waves.plan_waves(
+            dict(graph), tasks.indices, threads=waves.CLUSTER_WAVE_FACTOR * threads
+        )
+        if plan is not None:
+            return waves.run_in_waves(*plan, progress=progress, client=client)
+    elif waves.waves_fit_the_scheduler():
+        plan = waves.plan_waves(dict(graph), tasks.indices)  # waves cull to the store tasks
+        if plan is not None:
+            return waves.run_in_waves(*plan, progress=progress)
+    # Other graphs and schedulers run as one computation.
+    (written,) = compute(Delayed(final, graph, layer=name), progress=progress)
+    return int(written)
+
+
+def check_resume(resume: Any) -> None:
+    """Raise :class:`OptionError` unless ``resume`` is True, False or ``"force"``.
+
+    Examples
+    --------
+    >>> check_resume("force")
+    """
+    if resume not in (True, False, "force") or isinstance(resume, np.bool_):
+        raise OptionError(
+            f"resume={resume!r} must be True (continue an interrupted run of the same "
+            "computation), False (refuse to touch an unfinished run) or 'force' (continue it "
+            "even though the computation differs)."
+        )
+
+
+def refuse_other_run(name: str, layout: list[str], computation: list[str], resume: Resume) -> None:
+    """Raise :class:`OutputError` if a record's run cannot be continued by this one.
+
+    ``layout`` and ``computation`` are what :func:`xpatch.xarray.provenance.differences`
+    found between the record's fingerprint and this run's.
+
+    Examples
+    --------
+    >>> refuse_other_run("a.zarr", [], ["xpatch's version"], resume="force")
+    """
+    if layout:
+        raise OutputError(
+            f"{name!r} holds an interrupted run whose blocks do not line up with this result: "
+            + "; ".join(layout)
+            + ". Start again with overwrite=True (xpatch apply --restart), or write elsewhere."
+        )
+    if computation and resume != "force":
+        raise OutputError(
+            f"{name!r} holds an interrupted run of another computation: "
+            + "; ".join(computation)
+            + ". Continuing would mix the two runs' blocks. Start again with overwrite=True "
+            "(xpatch apply --restart), or, if you know the results are the same (e.g. only "
+            "comments changed), continue with resume='force' (xpatch apply --force-resume)."
+        )
+
+
+def run_output(
+    output: Any, print_: dict, resume: Resume, overwrite: bool, progress: bool, break_lock: bool
+) -> int:
+    """Take ``output`` through the steps of a write (:mod:`xpatch.io.writer`); return its blocks.
+
+    Parameters
+    ----------
+    output
+        An output of :func:`open_output`.
+    print_
+        Its fingerprint, from :func:`open_output`.
+    resume, overwrite, progress, break_lock
+        As for :func:`xpatch.write`.
+
+    Examples
+    --------
+    >>> import tempfile, pathlib, numpy as np, xarray as xr
+    >>> da = xr.DataArray(np.ones((4, 6)), dims=("y", "x")).chunk(2)
+    >>> output, print_ = open_output(da, pathlib.Path(tempfile.mkdtemp()) / "a.zarr")
+    >>> run_output(output, print_, True, False, False, False)
+    6
+    """
+    name = output.location.name
+    output.prepare(overwrite)
+    output.lock.acquire(break_lock=break_lock)
+    try:
+        record = None if overwrite else output.record.read()
+        if record is None and not overwrite and output.exists():
+            if output.looks_finished():
+                output.record.remove()  # markers a kill left after the record was deleted
+                raise OutputExistsError(
+                    f"{name!r} already exists and is complete (it has no progress record of "
+                    "an unfinished run); pass overwrite=True (xpatch apply --restart) to "
+                    "replace it, or choose another output path."
+                )
+            raise OutputExistsError(
+                f"{name!r} already exists but is not an output that xpatch finished (no "
+                "progress record, and its metadata was never consolidated): another program's "
+                "data, or an unfinished run whose record was deleted. Pass overwrite=True "
+                "(xpatch apply --restart) to replace it, or choose another output path."
+            )
+        state = "creating" if record is None else record["state"]
+        if state != "creating":
+            if resume is False:
+                raise OutputExistsError(
+                    f"{name!r} holds an unfinished run; pass resume=True to continue it, or "
+                    "overwrite=True to start again."
+                )
+            refuse_other_run(name, *differences(record["fingerprint"], print_), resume=resume)
+            if record["fingerprint"] != print_ and state == "writing":
+                output.record.write("writing", print_)  # forced: record what runs now
+        if state == "creating":
+            # A new output, or a creation that never finished: no block was written.
+            output.record.write("creating", print_)
+            output.wipe()
+            output.record.clear_markers()
+            try:
+                output.create()
+            except Exception:
+                # Creation failed (a kill instead would leave "creating", redone next time):
+                # leave nothing that looks like a run.
+                output.wipe()
+                output.record.remove()
+                raise
+            output.record.write("writing", print_)
+            state = "writing"
+        written = 0
+        if state == "writing":
+            output.check_readable()
+            output.record.prepare_markers(output.variables())
+            written = run_store_tasks(output.store_tasks(output.record.done()), progress)
+            output.lock.check_held()
+            output.record.write("finishing", print_)
+        output.finish()
+        output.record.remove()
+    finally:
+        output.lock.release()
+        output.tidy()
+    return written
+
+
+def open_output(
+    result: xr.DataArray | xr.Dataset,
+    path: Any,
+    *,
+    format: Format = "auto",
+    name: Hashable | None = None,
+    nodata: float | None = None,
+    storage_options: dict | None = None,
+) -> tuple[Output, dict]:
+    """Return the output that :func:`xpatch.write` would write ``result`` to, and its fingerprint.
+
+    Nothing is written or computed: every problem with the arguments is raised
+    here. The arguments are :func:`xpatch.write`'s.
+
+    Returns
+    -------
+    output : ZarrOutput or GeoTiffOutput
+        What :func:`run_output` writes.
+    fingerprint : dict
+        What the output's record (or a manifest of scenes) keeps to prove that
+        a later run is the same computation (:func:`xpatch.xarray.provenance.fingerprint`).
+
+    Examples
+    --------
+    >>> import numpy as np, xarray as xr
+    >>> da = xr.DataArray(np.ones((4, 6)), dims=("y", "x")).chunk(2)
+    >>> output, print_ = open_output(da, "memory://demo/open.zarr")
+    >>> type(output).__name__, print_["format"], sorted(print_["variables"])
+    ('ZarrOutput', 'zarr', ['data'])
+    """
+    if isinstance(result, xr.DataArray):
+        dataset = result.to_dataset(name=name if name is not None else result.name or "data")
+    elif isinstance(result, xr.Dataset):
+        dataset = result
+    else:
+        raise OptionError(
+            f"result is a {type(result).__name__}; write takes an xarray DataArray or Dataset "
+            "(or a mapping scene name -> DataArray/Dataset, written into a folder)."
+        )
+    kind = output_format(path, format)
+    location = locate(path, storage_options)
+    if kind == "geotiff":
+        if not location.local:
+            raise OptionError(
+                f"path={location.name!r}: GeoTIFF output is written to a local path (GDAL "
+                "writes a tiled file in place); write zarr to an object store, or a local "
+                "GeoTIFF and upload it."
+            )
+        require_rasterio()
+        if isinstance(result, xr.Dataset):  # several outputs: a band per output and class
+            result = stack_bands(result)
+        if nodata is None:
+            nodata = file_nodata(result)
+        output: Output = GeoTiffOutput(result, location, nodata)
+        # As text: NaN would never equal itself after a JSON round trip.
+        layout = {"nodata": None if nodata is None else repr(float(nodata))}
+        return output, fingerprint(output.dataset, "geotiff", layout)
+    nested = [str(n) for n in dataset.variables if "/" in str(n)]
+    if nested:
+        raise OptionError(
+            f"variable names {nested!r} contain '/', which zarr reads as a group path (the "
+            "variable would be hidden in a subgroup); rename them, e.g. "
+            "result.rename({'a/b': 'a_b'})."
+        )
+    # Eager variables go through the same block path: counted, resumable, with progress.
+    dataset = dataset.copy()
+    for var_name, var in dataset.data_vars.items():
+        if not isinstance(var.data, da.Array):
+            data = da.from_array(np.asarray(var.data), chunks="auto")
+            dataset[var_name] = var.copy(data=data)
+    return ZarrOutput(dataset, location), fingerprint(dataset, "zarr", {})
+
+
+OutputStatus = Literal["absent", "complete", "unfinished", "foreign"]
+
+
+def output_status(output: Output) -> OutputStatus:
+    """Tell what an output's path holds, from its record and files, without its lock.
+
+    Returns
+    -------
+    str
+        ``"unfinished"``: a progress record (a run to resume, or to finish);
+        ``"complete"``: no record, and an output that a finished write left
+        (consolidated zarr metadata, a GeoTIFF at the final path);
+        ``"foreign"``: no record, and something that is not a finished output;
+        ``"absent"``: nothing.
+
+    Raises
+    ------
+    OutputError
+        If the record is damaged.
+
+    Examples
+    --------
+    >>> import tempfile, pathlib, numpy as np, xarray as xr
+    >>> da = xr.DataArray(np.ones((4, 6)), dims=("y", "x")).chunk(2)
+    >>> output, print_ = open_output(da, pathlib.Path(tempfile.mkdtemp()) / "a.zarr")
+    >>> before = output_status(output)
+    >>> run_output(output, print_, True, False, False, False)
+    6
+    >>> before, output_status(output)
+    ('absent', 'complete')
+    """
+    if output.record.read() is not None:
+        return "unfinished"
+    if not output.exists():
+        return "absent"
+    return "complete" if output.looks_finished() else "foreign"
+
+
+def tidy_complete(output: Output, break_lock: bool = False) -> None:
+    """Remove what a kill after a finished write left: block markers, a stale lock.
+
+    Takes the output's lock (``break_lock`` as for :func:`xpatch.write`), so a live
+    writer's files are never touched. For an output whose :func:`output_status` is
+    ``"complete"``.
+    """
+    output.lock.acquire(break_lock=break_lock)
+    try:
+        output.record.remove()
+    finally:
+        output.lock.release()
+        output.tidy()

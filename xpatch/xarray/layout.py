@@ -1,0 +1,323 @@
+"""A patch layout's state: its options, checked, and the frozen :class:`Layout` they build.
+
+:class:`Layout` is what every helper of the xarray layer reads (views,
+reconstruction, apply, the Grain sources): the object, the geometry, the window,
+the resolved sampler and the compiled :class:`~xpatch.core.plan.Plan`.
+:class:`~xpatch.Patcher` holds one and adds the verbs. :class:`LayoutOptions`
+spells the options besides size and stride once: their defaults, and the checks
+that do not need the object.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass, fields, replace
+from typing import Any, Generic, Protocol, TypeVar
+
+import numpy as np
+import xarray as xr
+
+from xpatch.core.blend.overlap_add import BlendWindow
+from xpatch.core.errors import DimensionError, OptionError, UncoveredCellsWarning
+from xpatch.core.geometry import Boundary, Geometry
+from xpatch.core.padding import PadMode, check_pad_mode
+from xpatch.core.plan import Plan, max_group_size
+from xpatch.core.samplers import AtLabels, RegularGrid, Sampler, index_positions
+from xpatch.core.windows import WindowSpec, make_window
+from xpatch.xarray.samplers import ObjectSampler
+from xpatch.xarray.variables import (
+    is_dask_backed,
+    pad_value_for,
+    patch_bytes,
+    patched_variables,
+    plan_grid,
+    valid_fraction,
+)
+
+T = TypeVar("T", xr.DataArray, xr.Dataset)
+
+
+@dataclass(frozen=True)
+class LayoutOptions:
+    """The options of a patch layout besides its size and stride, with their defaults.
+
+    The one place they are spelled: :class:`~xpatch.Patcher` takes them as keyword
+    arguments (its docstring says what each means), and ``obj.patch(...)``,
+    :func:`~xpatch.patch_scenes` and ``dt.patch(...)`` pass them on as ``**options``.
+
+    Examples
+    --------
+    >>> LayoutOptions().boundary, LayoutOptions(window="hann").window
+    ('shift', 'hann')
+    >>> options, sizes = LayoutOptions.split({"y": 256, "window": "hann"})
+    >>> options.window, sizes
+    ('hann', {'y': 256})
+    """
+
+    boundary: Boundary = "shift"
+    window: WindowSpec | Mapping[Hashable, WindowSpec] = "boxcar"
+    sampler: Sampler | AtLabels | ObjectSampler | None = None
+    min_valid: float | None = None
+    pad_value: Any = None
+    pad_mode: PadMode = "constant"
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        """Return the option names, in order."""
+        return tuple(f.name for f in fields(cls))
+
+    @classmethod
+    def split(cls, keywords: Mapping[str, Any]) -> tuple[LayoutOptions, dict[str, Any]]:
+        """Split keyword arguments into the layout options and the rest (patch sizes)."""
+        names = cls.names()
+        options = {k: v for k, v in keywords.items() if k in names}
+        return cls(**options), {k: v for k, v in keywords.items() if k not in names}
+
+    def as_keywords(self) -> dict[str, Any]:
+        """Return the options as keyword arguments of :class:`~xpatch.Patcher`."""
+        return {name: getattr(self, name) for name in self.names()}
+
+    def check_min_valid(self) -> None:
+        """Refuse a ``min_valid`` that is not a fraction in [0, 1] (or None)."""
+        value = self.min_valid
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 <= value <= 1.0
+        ):
+            raise OptionError(
+                f"min_valid={value!r} must be a fraction in [0, 1] (or None for no filter)."
+            )
+
+
+class HasLayout(Protocol):
+    """Anything that carries a :class:`Layout`: a :class:`~xpatch.Patcher`."""
+
+    @property
+    def layout(self) -> Layout:  # noqa: D102
+        ...
+
+
+@dataclass(frozen=True, eq=False)
+class Layout(Generic[T]):
+    """The frozen state of a patch layout over a DataArray or Dataset.
+
+    Built once by :meth:`build` (every argument checked, the anchors placed and
+    compiled into a :class:`~xpatch.core.plan.Plan`); read by the views,
+    reconstruction, apply and the Grain sources. Nothing in it changes.
+
+    Attributes
+    ----------
+    obj
+        The patched DataArray or Dataset.
+    geometry
+        Sizes, strides and boundary in axis terms, over the patched dims in the
+        object's order.
+    window
+        The window spec as given; :attr:`blend_window` holds its values.
+    blend_window
+        The window's values (and 1-D factors), as overlap-add takes them.
+    sampler
+        The sampler that placed the patches (resolved against the object).
+    min_valid, pad_value, pad_mode
+        As given (``pad_mode`` checked against ``boundary`` and ``pad_value``).
+    plan
+        The compiled plan: anchors by chunk, groups, boxes and the chunk grid.
+
+    Examples
+    --------
+    >>> import numpy as np, xarray as xr
+    >>> da = xr.DataArray(np.zeros((4, 6)), dims=("y", "x"))
+    >>> layout = Layout.build(da, {"y": 2, "x": 3}, None, LayoutOptions())
+    >>> len(layout), layout.dims, layout.size
+    (4, ('y', 'x'), {'y': 2, 'x': 3})
+    """
+
+    obj: T
+    geometry: Geometry
+    window: WindowSpec | Mapping[Hashable, WindowSpec]
+    blend_window: BlendWindow
+    sampler: Sampler
+    min_valid: float | None
+    pad_value: Any
+    pad_mode: PadMode
+    plan: Plan
+
+    @classmethod
+    def build(
+        cls,
+        obj: T,
+        size: Mapping[Hashable, int],
+        stride: int | Mapping[Hashable, int] | None,
+        options: LayoutOptions,
+    ) -> Layout[T]:
+        """Check everything, place the anchors and compile the plan.
+
+        Raises before any work: the object's type, the size's dims, the options.
+        Reads the object's values only for ``min_valid`` and samplers that read
+        them (:class:`~xpatch.WeightedAnchors`).
+        """
+        if not isinstance(obj, xr.DataArray | xr.Dataset):
+            raise OptionError(
+                f"obj is a {type(obj).__name__}; xpatch patches xarray.DataArray and "
+                "xarray.Dataset objects (wrap numpy arrays with xr.DataArray(arr, dims=...))."
+            )
+        unknown = [d for d in size if d not in obj.dims]
+        if unknown:
+            raise DimensionError(
+                f"size names dimension(s) {unknown!r} that the {type(obj).__name__} does not "
+                f"have; its dimensions are {list(obj.dims)!r}."
+            )
+        dims = [d for d in obj.dims if d in size]
+        variables = patched_variables(obj, dims)
+        if not variables:
+            raise DimensionError(
+                f"no data variable of the Dataset has any of the patched dimensions {dims!r}."
+            )
+        boundary = options.boundary
+        geometry = Geometry.build({d: obj.sizes[d] for d in dims}, size, stride, boundary)
+        window_array = make_window(options.window, geometry.dims, geometry.size)
+        sampler = RegularGrid() if options.sampler is None else options.sampler
+        if isinstance(sampler, AtLabels):
+            sampler = sampler.resolve(label_locator(obj))
+        elif isinstance(sampler, ObjectSampler):
+            sampler = sampler.resolve(obj, geometry)
+        if not isinstance(sampler, Sampler):
+            raise OptionError(
+                f"sampler={sampler!r} has no anchors(geometry) method; use xpatch.RegularGrid(), "
+                "JitteredGrid, RandomAnchors, Anchors, AtLabels, AtPoints, InBounds or "
+                "WeightedAnchors."
+            )
+        options.check_min_valid()
+        pad_mode = check_pad_mode(options.pad_mode, boundary, options.pad_value)
+        if boundary == "pad":
+            for name, var in variables.items():
+                pad_value_for(options.pad_value, var.dtype, name)
+        anchors = sampler.anchors(geometry)  # boundary="raise" refuses here, before any work
+        if getattr(sampler, "covers_grid", False):
+            warn_uncovered(geometry)
+        if options.min_valid is not None:
+            fraction = valid_fraction(variables, geometry, anchors)
+            anchors = anchors[(fraction > 0) & (fraction >= options.min_valid)]
+        lazy = any(is_dask_backed(var) for var in variables.values())
+        plan = Plan.compile(
+            anchors,
+            plan_grid(variables, dims, geometry.shape),
+            geometry.size,
+            # Explicit anchors keep the caller's order; so does input in memory.
+            keep_order=bool(getattr(sampler, "keeps_order", False)) or not lazy,
+            max_group=min(max_group_size(patch_bytes(v, size)) for v in variables.values()),
+        )
+        return cls(
+            obj,
+            geometry,
+            options.window,
+            BlendWindow.of(window_array),
+            sampler,
+            options.min_valid,
+            options.pad_value,
+            pad_mode,
+            plan,
+        )
+
+    @property
+    def dims(self) -> tuple[Hashable, ...]:
+        """The patched dims, in the order they have in the object."""
+        return self.geometry.dims
+
+    @property
+    def size(self) -> dict[Hashable, int]:
+        """Patch extent per patched dim."""
+        return dict(zip(self.dims, self.geometry.size))
+
+    @property
+    def stride(self) -> dict[Hashable, int]:
+        """Step between patch starts per patched dim."""
+        return dict(zip(self.dims, self.geometry.stride))
+
+    @property
+    def boundary(self) -> Boundary:
+        """The boundary mode."""
+        return self.geometry.boundary
+
+    @property
+    def variables(self) -> dict[Hashable, xr.Variable]:
+        """The patched variables: the DataArray's, or each data variable with a patched dim."""
+        return patched_variables(self.obj, self.dims)
+
+    def options(self, **changes: Any) -> LayoutOptions:
+        """Return the options this layout was built with, some of them changed.
+
+        The sampler is the resolved one (a label or map sampler's anchors).
+        """
+        given = LayoutOptions(
+            self.boundary, self.window, self.sampler, self.min_valid, self.pad_value, self.pad_mode
+        )
+        return replace(given, **changes)
+
+    def __len__(self) -> int:
+        return len(self.plan)
+
+    def __repr__(self) -> str:
+        g = self.geometry
+        size = ", ".join(f"{d}: {s}" for d, s in zip(g.dims, g.size))
+        stride = ", ".join(f"{d}: {s}" for d, s in zip(g.dims, g.stride))
+        mode = "" if self.pad_mode == "constant" else f" pad_mode={self.pad_mode!r}"
+        return (
+            f"({len(self)} patches) size=({size}) stride=({stride}) "
+            f"boundary={g.boundary!r}{mode} window={self.window!r} sampler={self.sampler!r}"
+        )
+
+
+def layout_of(laid: Layout | HasLayout) -> Layout:
+    """Return the :class:`Layout` itself, or the one a :class:`~xpatch.Patcher` carries."""
+    return laid if isinstance(laid, Layout) else laid.layout
+
+
+def size_mapping(size: Mapping[Hashable, int] | None, size_kwargs: Mapping[str, int]) -> dict:
+    """Return the patch size given as ``size=`` or as keyword arguments, checked."""
+    if size is not None and size_kwargs:
+        raise OptionError(
+            f"the patch size was given twice: size={size!r} and keyword arguments "
+            f"{dict(size_kwargs)!r}; use one of them."
+        )
+    size = size_kwargs if size is None else size
+    if not isinstance(size, Mapping):
+        raise OptionError(
+            f"size={size!r} must map dimension names to patch extents, "
+            "e.g. size={'y': 256, 'x': 256} or .patch(y=256, x=256)."
+        )
+    if not size:
+        raise OptionError("no patch size given: pass size={'y': 256, 'x': 256} or y=256, x=256.")
+    return dict(size)
+
+
+def label_locator(obj: xr.DataArray | xr.Dataset):
+    """Return a function that finds the positions of coordinate labels (for ``AtLabels``)."""
+
+    def locate(dim: Hashable, labels: np.ndarray, method: str | None) -> np.ndarray:
+        if dim not in obj.indexes:
+            raise DimensionError(
+                f"AtLabels: dimension {dim!r} has no coordinate to look labels up in; "
+                "give start indices with xpatch.Anchors instead."
+            )
+        return index_positions(obj.indexes[dim], dim, labels, method)
+
+    return locate
+
+
+def warn_uncovered(geometry: Geometry) -> None:
+    """Warn with an :class:`~xpatch.UncoveredCellsWarning` if some cells get no patch."""
+    uncovered = geometry.uncovered_grid_cells()
+    if not uncovered:
+        return
+    total = int(np.prod(geometry.shape, dtype=np.float64))
+    size = dict(zip(geometry.dims, geometry.size))
+    stride = dict(zip(geometry.dims, geometry.stride))
+    warnings.warn(
+        f"{uncovered} of {total} cells ({uncovered / total:.1%}) along "
+        f"{list(geometry.dims)!r} are covered by no patch (boundary={geometry.boundary!r}, "
+        f"size={size}, stride={stride}); they reconstruct to NaN. "
+        "Use boundary='shift' or 'pad', or a stride <= size, to cover every cell.",
+        UncoveredCellsWarning,
+        stacklevel=5,  # the caller of obj.patch(...)
+    )

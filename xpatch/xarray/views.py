@@ -1,0 +1,136 @@
+"""Patches as xarray objects: one patch with its own labels, or the whole stack.
+
+The views of a :class:`~xpatch.Patcher`: every patched variable is cut along
+the patched dims it has (:func:`extract_variable`), coordinates that span the
+patched dims are cut alongside, and one patch carries its own transform.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+from xpatch.core.errors import GeometryError
+from xpatch.core.extract import extract_dask, extract_numpy
+from xpatch.core.padding import PadMode
+from xpatch.core.plan import ChunkGrid, Plan
+from xpatch.xarray.georef import grid_mapping_name, patch_transforms, to_gdal, with_transform
+from xpatch.xarray.layout import Layout
+from xpatch.xarray.variables import (
+    is_dask_backed,
+    pad_value_for,
+    patched_columns,
+)
+
+PATCH_DIM = "patch"
+
+
+def extended_labels(values: np.ndarray, start: int, size: int) -> np.ndarray:
+    """Coordinate labels of ``[start, start + size)``, extrapolated past the end.
+
+    Examples
+    --------
+    >>> extended_labels(np.array([0.0, 10.0, 20.0]), 1, 4).tolist()
+    [10.0, 20.0, 30.0, 40.0]
+    """
+    inside = values[start : start + size]
+    missing = size - len(inside)
+    if missing == 0:
+        return inside
+    if len(values) >= 2 and (
+        np.issubdtype(values.dtype, np.number) or np.issubdtype(values.dtype, np.datetime64)
+    ):
+        step = values[-1] - values[-2]
+        return np.concatenate([inside, values[-1] + step * np.arange(1, missing + 1)])
+    fill = np.array([None] * missing, dtype=object)
+    return np.concatenate([inside.astype(object), fill])
+
+
+def extract_variable(
+    layout: Layout,
+    var: xr.Variable,
+    anchors: np.ndarray | None,
+    pad_value: Any,
+    pad_mode: PadMode = "constant",
+) -> Any:
+    """Stack the patches of one variable along the patched dims it has.
+
+    ``anchors=None`` cuts every patch of the plan (lazily, group by group, for
+    dask input); otherwise the patches at ``anchors`` (a few: ``p[i]``).
+    Returns ``(n, *var.shape)`` with the patched axes at patch size, cells past
+    the end filled as ``pad_mode`` says.
+    """
+    columns, axes = patched_columns(var, layout.dims)
+    size = [layout.geometry.size[j] for j in columns]
+    pad_value = pad_value_for(pad_value, var.dtype)
+    if anchors is None:
+        plan = layout.plan.project(columns)
+    else:
+        grid = ChunkGrid.from_chunks(
+            [var.chunks[ax] if var.chunks else (var.shape[ax],) for ax in axes]
+        )
+        plan = Plan.compile(anchors[:, columns], grid, size, keep_order=True)
+    if is_dask_backed(var):
+        return extract_dask(var.data, axes, plan, pad_value, pad_mode)
+    return extract_numpy(np.asarray(var.data), axes, plan.anchors, size, pad_value, pad_mode)
+
+
+def cut(layout: Layout, anchors: np.ndarray | None) -> Any:
+    """Return the patches at ``anchors`` (one, unstacked), or all of them stacked (``None``)."""
+    obj = layout.obj
+    dims = set(layout.dims)
+    stacked = anchors is None
+    at = layout.plan.anchors if stacked else anchors
+
+    def place(var: xr.Variable, data: Any) -> xr.Variable:
+        if stacked:
+            return xr.Variable((PATCH_DIM, *var.dims), data, var.attrs)
+        return xr.Variable(var.dims, data[0], var.attrs)
+
+    variables: dict[Hashable, xr.Variable] = {
+        name: place(var, extract_variable(layout, var, anchors, layout.pad_value, layout.pad_mode))
+        for name, var in layout.variables.items()
+    }
+    coords: dict[Hashable, Any] = {}
+    for name, coord in obj.coords.items():
+        if not dims & set(coord.dims):
+            coords[name] = coord.variable
+        elif name in dims and stacked:
+            column = at[:, layout.dims.index(name)]
+            coords[f"{name}_start"] = (PATCH_DIM, coord.values[column], coord.attrs)
+        elif name in dims:
+            start = int(at[0, layout.dims.index(name)])
+            labels = extended_labels(coord.values, start, layout.size[name])
+            coords[name] = xr.Variable(name, labels, coord.attrs)
+        else:
+            # Coordinates keep the constant fill: a reflected latitude would say the
+            # padded cells are somewhere they are not.
+            coords[name] = place(
+                coord.variable, extract_variable(layout, coord.variable, anchors, None)
+            )
+    transforms = None
+    if grid_mapping_name(obj) is not None:
+        try:
+            transforms = patch_transforms(obj, layout.dims, at)
+        except GeometryError:  # irregular labels: no single transform to carry
+            transforms = None
+    if stacked:
+        for j, d in enumerate(layout.dims):
+            coords[f"{d}_anchor"] = (PATCH_DIM, at[:, j].copy())
+        if transforms is not None:
+            coords["geotransform"] = (PATCH_DIM, [to_gdal(t) for t in transforms])
+    if isinstance(obj, xr.DataArray):
+        (data,) = variables.values()
+        result = xr.DataArray(data, coords=coords, name=obj.name, attrs=obj.attrs)
+    else:
+        for name, var in obj.data_vars.items():
+            variables.setdefault(name, var.variable)
+        ordered = {name: variables[name] for name in obj.data_vars}
+        result = xr.Dataset(ordered, coords=coords, attrs=obj.attrs)
+    if not stacked and transforms is not None:
+        # One patch: its grid mapping says where it is, as rioxarray's isel_window does.
+        result = with_transform(result, tuple(transforms[0].tolist()))
+    return result
