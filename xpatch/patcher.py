@@ -18,7 +18,6 @@ from typing import Any, Generic
 import xarray as xr
 
 from xpatch.core.apply import BatchFunction
-from xpatch.core.blend.overlap_add import BlendWindow
 from xpatch.core.chunk_cache import DEFAULT_CACHE_BYTES
 from xpatch.core.errors import GeometryError
 from xpatch.core.geometry import Boundary, Geometry
@@ -26,7 +25,7 @@ from xpatch.core.padding import PadMode
 from xpatch.core.plan import Plan
 from xpatch.core.samplers import AtLabels, Sampler, anchor_array
 from xpatch.core.scale import ScaleSpec
-from xpatch.core.windows import WindowSpec
+from xpatch.core.windows import BlendWindow, WindowSpec
 from xpatch.grain.source import PatchSource
 from xpatch.xarray import apply as inference
 from xpatch.xarray import reconstruct as predictions

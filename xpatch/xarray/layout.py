@@ -18,13 +18,12 @@ from typing import Any, Generic, Protocol, TypeVar
 import numpy as np
 import xarray as xr
 
-from xpatch.core.blend.overlap_add import BlendWindow
 from xpatch.core.errors import DimensionError, OptionError, UncoveredCellsWarning
 from xpatch.core.geometry import Boundary, Geometry
 from xpatch.core.padding import PadMode, check_pad_mode
 from xpatch.core.plan import Plan, max_group_size
 from xpatch.core.samplers import AtLabels, RegularGrid, Sampler, index_positions
-from xpatch.core.windows import WindowSpec, make_window
+from xpatch.core.windows import BlendWindow, WindowSpec, make_window
 from xpatch.xarray.samplers import ObjectSampler
 from xpatch.xarray.variables import (
     is_dask_backed,

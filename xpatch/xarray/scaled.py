@@ -17,11 +17,10 @@ from fractions import Fraction
 import numpy as np
 import xarray as xr
 
-from xpatch.core.blend.overlap_add import BlendWindow
 from xpatch.core.errors import GeometryError, OptionError
 from xpatch.core.plan import Plan
 from xpatch.core.scale import ScaleSpec, check_scale, scale_plan
-from xpatch.core.windows import make_window
+from xpatch.core.windows import BlendWindow, make_window
 from xpatch.xarray.georef import grid_mapping_name, raster_dims, to_gdal, transform_of
 from xpatch.xarray.layout import Layout
 
