@@ -9,6 +9,7 @@ into and with which weights.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -64,18 +65,22 @@ class Apply:
     pad_batch: bool = False
     weight_key: str | None = None
 
-    @property
-    def single(self) -> bool:
-        """Whether ``fn`` returns one array (the output ``None``) rather than a dict."""
-        return list(self.outputs) == [None]
-
     def call(self, batch: np.ndarray) -> dict[str | None, np.ndarray]:
         """Call ``fn`` on ``batch``: what it returns, as arrays by output name (and weights)."""
         result = self.fn(batch)
         if self.single:
             return {None: np.asarray(result)}
-        names = [*self.outputs, *([self.weight_key] if self.weight_key is not None else [])]
-        return check_returned(result, names)
+        return check_returned(result, self.returned)
+
+    @functools.cached_property
+    def single(self) -> bool:
+        """Whether ``fn`` returns one array (the output ``None``) rather than a dict."""
+        return list(self.outputs) == [None]
+
+    @functools.cached_property
+    def returned(self) -> list[str]:
+        """The keys of the dict ``fn`` returns: the outputs, and its weights if any."""
+        return [*self.outputs, *([self.weight_key] if self.weight_key is not None else [])]
 
 
 def run_batches(
@@ -132,47 +137,49 @@ def run_batches(
     ((3, 1, 4), (3, 4), dtype('float32'))
     """
     n, patch_shape = len(patches), tuple(int(s) for s in out_patch)
-    stores: dict[str | None, Any] = {}
+    # Per output: (name, declared shape past the batch axis, dtype, where results go).
+    outputs = []
     for name, (lead, dtype) in apply.outputs.items():
         stacked = (n, *lead, *patch_shape)
         if split:
-            stores[name] = []
+            store = []
         elif into_patches and apply.single and patches.shape == stacked and patches.dtype == dtype:
             # Each batch's results over its own patches, which fn is done with: fresh pages
             # for a second array of the group cost more than the small patches' arithmetic.
-            stores[name] = patches
+            store = patches
         else:
-            stores[name] = np.empty(stacked, dtype=dtype)
-    if apply.weight_key is not None:
-        stores[apply.weight_key] = np.empty((n, *patch_shape), dtype=np.float64)
-    size = apply.batch_size
+            store = np.empty(stacked, dtype=dtype)
+        outputs.append((name, stacked[1:], np.dtype(dtype), store))
+    key = apply.weight_key
+    weight_store = None if key is None else np.empty((n, *patch_shape), dtype=np.float64)
+    size, fill = apply.batch_size, apply.pad_batch
     for start in range(0, n, size):
         batch = patches[start : start + size]
         m = len(batch)
-        if apply.pad_batch and m < size:
+        if fill and m < size:
             # Copies of a real patch, not zeros: values the model has seen, no NaN or
             # out-of-range input that could trip it; their results are dropped below.
             batch = np.concatenate([batch, np.repeat(batch[-1:], size - m, axis=0)])
         results = apply.call(batch)
-        if apply.weight_key is not None:
-            weights = returned_weights(
-                results[apply.weight_key], apply.weight_key, len(batch), patch_shape
-            )
-            stores[apply.weight_key][start : start + m] = weights[:m]
-        for name, (lead, dtype) in apply.outputs.items():
+        if key is not None:
+            weights = returned_weights(results[key], key, len(batch), patch_shape)
+            weight_store[start : start + m] = weights[:m]
+        for name, shape, dtype, store in outputs:
             result = results[name]
-            expected = (len(batch), *lead, *patch_shape)
-            if result.shape != expected:
-                raise shape_error(name, result.shape, batch.shape, expected)
+            if result.shape[1:] != shape or len(result) != len(batch):
+                raise shape_error(name, result.shape, batch.shape, (len(batch), *shape))
             result = result[:m]
             if result.dtype != dtype:  # the common case, no cast, skips the check and errstate
                 check_declared(result, dtype)
                 with np.errstate(over="ignore", invalid="ignore"):  # checked; inf and NaN pass
                     result = result.astype(dtype)
             if split:
-                stores[name].append(result)
+                store.append(result)
             else:
-                stores[name][start : start + m] = result
+                store[start : start + m] = result
+    stores = {name: store for name, _, _, store in outputs}
+    if key is not None:
+        stores[key] = weight_store
     return stores
 
 
