@@ -269,20 +269,9 @@ class WeightedSum(Reduction):
                 out, landing.placements, landing.groups, landing.weigh, exact_total
             )
             return normalise(out, total, self.normalised)
-        weights, valid = add_sums(
-            out,
-            landing.origin,
-            landing.shape,
-            landing.placements,
-            landing.groups,
-            landing.window,
-            self.normalised,
-            exact_total,
-        )
+        weights, valid = add_sums(out, landing, self.normalised, exact_total)
         if out.dtype.kind in "iu":  # an integral sum
-            _, shadow = integer_sum_shadow(
-                out, weights, landing.placements, landing.groups, landing.window
-            )
+            _, shadow = integer_sum_shadow(out, weights, landing)
             if shadow is not None:
                 check_wrapped(out, shadow)
             return out
@@ -307,22 +296,11 @@ class WeightedSum(Reduction):
                 out, landing.placements, landing.groups, landing.weigh, exact_total
             )
             return Partial(landing.origin, out, total, reaching)
-        weights, valid = add_sums(
-            out,
-            landing.origin,
-            landing.shape,
-            landing.placements,
-            landing.groups,
-            landing.window,
-            False,
-            exact_total,
-        )
+        weights, valid = add_sums(out, landing, False, exact_total)
         if out.dtype.kind not in "iu":
             return Partial(landing.origin, out, valid, reaching)
         # An integral sum wraps modulo 2**64 and is checked once the block is whole.
-        bound, shadow = integer_sum_shadow(
-            out, weights, landing.placements, landing.groups, landing.window
-        )
+        bound, shadow = integer_sum_shadow(out, weights, landing)
         return Partial(landing.origin, out, valid, reaching, bound, shadow)
 
     def combine(
@@ -410,7 +388,7 @@ class Extreme(Reduction):
 
     def block(self, out: np.ndarray, landing: Landing, shared: object = None) -> np.ndarray:
         """Keep the running extreme of the block's patches."""
-        add_extreme(out, landing.placements, landing.groups, self.ufunc, self.fill(out.dtype))
+        add_extreme(out, landing, self.ufunc, self.fill(out.dtype))
         return out
 
     def partial(

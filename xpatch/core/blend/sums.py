@@ -15,43 +15,28 @@ from collections.abc import Sequence
 import numpy as np
 
 from xpatch.core.blend.dtypes import holds_nan, value_range
-from xpatch.core.blend.landing import BlockWeights, Placement
+from xpatch.core.blend.landing import BlockWeights, Landing, Placement
 from xpatch.core.errors import PredictionError
-from xpatch.core.windows import BlendWindow
 
 
-def add_extreme(
-    out: np.ndarray,
-    placements: Sequence[Placement],
-    prediction_groups: Sequence[np.ndarray],
-    combine: np.ufunc,
-    fill: object,
-) -> None:
+def add_extreme(out: np.ndarray, landing: Landing, combine: np.ufunc, fill: object) -> None:
     """Keep in ``out`` the running ``combine`` (``np.fmax`` / ``np.fmin``) of the patches.
 
     ``out`` starts at ``fill`` (NaN, or an integer max's / min's identity), which
     stays where nothing landed; ``combine`` skips NaN.
     """
-    k = len(placements[0].patch_index) if placements else 0
-    lead_index = (slice(None),) * (out.ndim - k)
+    lead_index = (slice(None),) * (out.ndim - len(landing.shape))
     out.fill(fill)
-    for p in placements:
+    for p in landing.placements:
         region = out[lead_index + p.block_index]
-        values = prediction_groups[p.group][(p.row, *lead_index, *p.patch_index)]
+        values = landing.groups[p.group][(p.row, *lead_index, *p.patch_index)]
         combine(region, values, out=region)
 
 
 def add_sums(
-    out: np.ndarray,
-    origin: Sequence[int],
-    block_shape: Sequence[int],
-    placements: Sequence[Placement],
-    prediction_groups: Sequence[np.ndarray],
-    window: BlendWindow,
-    normalise: bool,
-    exact_total: bool,
+    out: np.ndarray, landing: Landing, normalise: bool, exact_total: bool
 ) -> tuple[BlockWeights, np.ndarray | None]:
-    """Add Σ w·x of the placed patches into ``out`` (whose content is ignored).
+    """Add Σ w·x of the patches that land on the block into ``out`` (its content is ignored).
 
     0 where nothing landed, with the weights folded in already normalised when
     ``normalise`` and the layout allows it. Returns the block's weights and, if
@@ -59,9 +44,10 @@ def add_sums(
     over valid values only), counted in float64 with ``exact_total``
     (:func:`masked_sums`).
     """
-    lead_index = (slice(None),) * (out.ndim - len(block_shape))
+    placements, prediction_groups, window = landing.placements, landing.groups, landing.window
+    lead_index = (slice(None),) * (out.ndim - len(landing.shape))
     real = np.empty(0, dtype=out.dtype).real.dtype
-    weights = BlockWeights(origin, block_shape, placements, window, real, normalise)
+    weights = BlockWeights(landing.origin, landing.shape, placements, window, real, normalise)
     if weights.separable:
         _add_fresh_first(out, weights, placements, prediction_groups, lead_index)
     else:
@@ -154,28 +140,25 @@ def normalise(out: np.ndarray, weight: np.ndarray, divide: bool) -> np.ndarray:
 
 
 def integer_sum_shadow(
-    out: np.ndarray,
-    weights: BlockWeights,
-    placements: Sequence[Placement],
-    prediction_groups: Sequence[np.ndarray],
-    window: BlendWindow,
+    out: np.ndarray, weights: BlockWeights, landing: Landing
 ) -> tuple[float, np.ndarray | None]:
     """Bound ``|Σ w·x|`` in an integer sum's block; if it may not fit, return Σ w·x in float64 too.
 
     Integer sums wrap modulo 2**64: the result is exact when the true sum fits, which
     the float64 sum tells (:func:`check_wrapped`) where max|x| · max Σw does not.
     """
+    prediction_groups = landing.groups
     info, limit = np.iinfo(prediction_groups[0].dtype), np.iinfo(out.dtype).max / 2
     most = max(-int(info.min), int(info.max))  # first from the dtype alone, without a pass
     if most * weights.max_total() >= limit:
-        low, high = value_range([prediction_groups[g] for g in {p.group for p in placements}])
+        groups = {p.group for p in landing.placements}
+        low, high = value_range([prediction_groups[g] for g in groups])
         most = max(-low, high)
     bound = most * weights.max_total()
     if bound < limit:
         return bound, None
     shadow = np.empty(out.shape, dtype=np.float64)
-    box = (weights.origin, weights.block_shape)
-    add_sums(shadow, *box, placements, prediction_groups, window, False, True)
+    add_sums(shadow, landing, False, True)
     return bound, shadow
 
 
