@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import xarray as xr
 
-import xpatch  # noqa: F401 (registers .patch)
+import xpatch
 from tests.conftest import forbid_compute
 from xpatch.core.errors import OptionError, PredictionError
 
@@ -176,3 +176,19 @@ def test_reconstruct_argmax_without_a_label_everywhere_is_float_with_nan(image):
     np.testing.assert_array_equal(labels.values[covered], expected[covered])
     with pytest.raises(PredictionError, match=r"one class dim; pred has 0 dims"):
         p.reconstruct(p.patches().isel(band=0), reduce="argmax")
+
+
+@pytest.mark.parametrize("lazy", [False, True], ids=["numpy", "dask"])
+def test_a_mean_of_integers_beyond_2_53_is_not_stored_as_an_exact_looking_int64(lazy):
+    # Nanosecond timestamps: the mean through float64 came back 21 ns off, as an int64.
+    stamps = np.datetime64("2026-11-26T12:00:00", "ns").astype(np.int64) + 3 * np.arange(24)
+    da = xr.DataArray(stamps, dims="x")
+    p = (da.chunk(8) if lazy else da).patch(x=4, stride=2)
+    with pytest.raises(xpatch.PredictionError, match=r"past 2\*\*53.*int64"):
+        p.apply(lambda b: b).compute()
+    as_float = p.apply(lambda b: b, out_dtype="float64").compute()  # a float says so
+    np.testing.assert_allclose(as_float.values, stamps, rtol=1e-15)
+    exact = p.apply(lambda b: b, reduce="max").compute()
+    assert exact.dtype == np.int64 and (exact.values == stamps).all()
+    small = xr.DataArray(np.arange(24, dtype=np.int64), dims="x").patch(x=4, stride=2)
+    assert small.apply(lambda b: b).values.tolist() == list(range(24))  # below 2**53: exact

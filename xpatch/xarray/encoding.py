@@ -380,6 +380,8 @@ def cast_block(block: np.ndarray, dtype: np.dtype, fill: Any = None) -> np.ndarr
     if dtype.kind == "c":
         return block.astype(dtype)
     if dtype.kind in "iu":
+        if block.dtype.kind == "f" and np.iinfo(dtype).bits > 53:
+            check_exact_integers(block, dtype)
         if block.dtype.kind == "f":
             nan = np.isnan(block)
             if nan.any():
@@ -405,3 +407,20 @@ def cast_block(block: np.ndarray, dtype: np.dtype, fill: Any = None) -> np.ndarr
     if block.dtype.kind == "f":
         return np.clip(block, info.min, info.max).astype(dtype)  # NaN stays NaN
     return block.astype(dtype)
+
+
+def check_exact_integers(block: np.ndarray, dtype: np.dtype) -> None:
+    """Refuse a float blend beyond 2**53 stored as a 64-bit integer: it was rounded.
+
+    float64 holds every integer only up to 2**53; past it, a blend of integers (a
+    mean of ns timestamps) has been rounded, and an int64 would not show it.
+    """
+    largest = np.fmax.reduce(np.abs(block), axis=None, initial=0.0)
+    if largest > 2**53:
+        raise PredictionError(
+            f"the result reaches {largest:.6g}, past 2**53, where float64 (in which "
+            f"reduce='mean' blends integers) holds integers only in steps of "
+            f"{np.spacing(largest):g}: stored as {dtype} it would look exact and be rounded. "
+            "Subtract an offset first (e.g. timestamps minus the first), take reduce='max' "
+            "or 'min' (exact for integers), or store a float (out_dtype='float64')."
+        )

@@ -528,3 +528,13 @@ def test_integer_max_and_min_equal_the_covering_patches(case, reduce, through_ap
         expected = pick(cells[(i, j)]) if (i, j) in cells else np.nan
         np.testing.assert_array_equal(eager[i, j], expected)
     np.testing.assert_array_equal(eager, lazy)
+
+
+def test_an_integer_sum_of_uncovered_cells_refuses_rounding_on_the_lattice_too():
+    # A sum of integers with uncovered cells is float64; the eager lattice kernel took
+    # such sums without the 2**53 check that the other paths make.
+    da = xr.DataArray(np.arange(64, dtype=np.int64).reshape(8, 8) + BIG, dims=("y", "x"))
+    with pytest.warns(xpatch.UncoveredCellsWarning):
+        p = da.patch(y=3, x=3, stride=3, boundary="drop")
+    with pytest.raises(xpatch.PredictionError, match=r"2\*\*53.*boundary='shift' or 'pad'"):
+        p.reconstruct(p.patches(), reduce="sum")

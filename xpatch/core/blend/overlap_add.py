@@ -201,6 +201,8 @@ def overlap_add_groups(
     template = prediction_groups[0][:0]
     lead = template.shape[1 : template.ndim - len(grid_shape)]
     acc = reduce.accumulation_dtype(template.dtype) if dtype is None else np.dtype(dtype)
+    if acc.kind not in "iub":  # integers that a float result would round are refused
+        reduce.check_exact_in_float(prediction_groups, window, weighted=weight_groups is not None)
     if threads is None:
         nbytes = sum(p.nbytes for p in prediction_groups)
         threads = worker_count() if nbytes >= PARALLEL_BYTES else 1
@@ -222,8 +224,6 @@ def overlap_add_groups(
     reduce.check_dtype(template.dtype)
     shared = reduce.shared(prediction_groups)
     out = np.empty((*lead, *grid_shape), dtype=reduce.working_dtype(acc, window))
-    if acc.kind not in "iub" and weight_groups is None:  # float weights make floats anyway
-        reduce.check_exact_in_float(prediction_groups, window)
     groups = PatchGroups(anchor_groups, prediction_groups, weight_groups)
     edges = np.linspace(0, grid_shape[0], max(1, min(threads, grid_shape[0])) + 1).astype(int)
     bands = [(int(lo), int(hi)) for lo, hi in itertools.pairwise(edges.tolist())]

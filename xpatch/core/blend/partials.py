@@ -64,8 +64,8 @@ def partial_sums(
     origin = tuple(int(o) for o in origin)
     lead = predictions.shape[1 : predictions.ndim - k]
     acc = reduce.accumulation_dtype(predictions.dtype) if dtype is None else np.dtype(dtype)
-    if acc.kind not in "iub" and weights is None:  # float weights make floats anyway
-        reduce.check_exact_in_float([predictions], window)
+    if acc.kind not in "iub":
+        reduce.check_exact_in_float([predictions], window, weighted=weights is not None)
     acc = reduce.working_dtype(acc, window)  # combine_partials casts back
     patch_cells = int(np.prod(predictions.shape[1:], dtype=np.int64))
     if on_lattice(reduce, acc, window, weights, patch_cells):

@@ -153,14 +153,17 @@ class Reduction:
         covered = exact and plan_covers(plan)
         return self.accumulation_dtype(dtype, window, covered)
 
-    def check_exact_in_float(self, groups: Sequence[np.ndarray], window: Any) -> None:
+    def check_exact_in_float(
+        self, groups: Sequence[np.ndarray], window: Any, weighted: bool = False
+    ) -> None:
         """Refuse integers beyond 2**53 that an exact reduction would return rounded in float64.
 
         Exact reductions of integers are float64 only when some cell is covered by
-        no patch (it is NaN).
+        no patch (it is NaN), or with float ``weighted`` weights (then a float is
+        what was asked for).
         """
         exact = self.exact_integer_dtype(groups[0].dtype, window) if groups else None
-        if exact is None or exact.kind == "b" or np.iinfo(groups[0].dtype).bits < 53:
+        if weighted or exact is None or exact.kind == "b" or np.iinfo(groups[0].dtype).bits < 53:
             return
         low, high = value_range(groups)
         if max(-low, high) > 2**53:
