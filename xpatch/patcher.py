@@ -55,7 +55,10 @@ class Patcher(Generic[T]):
         of them is carried whole.
     size
         Patch extent per patched dim, ``{dim: int}``. Dims not named are carried
-        whole (bands, time, variables). Or give ``**size_kwargs``.
+        whole (bands, time, variables). Or give ``**size_kwargs``. The patched
+        dims (:attr:`dims`, the columns of :meth:`anchors`) are in a DataArray's
+        own order, and in a Dataset's in the order given here: a variable that
+        joins the Dataset does not reorder them.
     stride
         Step between patch starts: one int for all patched dims, or ``{dim: int}``.
         Default: the size (no overlap).
@@ -196,7 +199,7 @@ class Patcher(Generic[T]):
 
     @property
     def dims(self) -> tuple[Hashable, ...]:
-        """The patched dims, in the order they have in the object."""
+        """The patched dims: in a DataArray's order, in a Dataset's as the size gave them."""
         return self._layout.dims
 
     @property

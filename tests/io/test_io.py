@@ -544,3 +544,16 @@ def test_every_output_format_has_the_output_protocols_members():
     assert {"create", "store_tasks", "finish", "tidy"} <= members
     for cls in (ZarrOutput, GeoTiffOutput):
         assert all(callable(getattr(cls, name, None)) for name in members), cls
+
+
+def test_a_geotiff_of_an_irregular_grid_is_refused_before_any_work(tmp_path):
+    # rioxarray would write the average pixel size: most cells in the wrong place.
+    pytest.importorskip("rioxarray")
+    x = np.array([0.0, 1.0, 2.0, 4.0, 8.0, 9.0])
+    result = xr.DataArray(
+        np.zeros((4, 6), "float32"), dims=("y", "x"), coords={"x": x, "y": 3.0 - np.arange(4)}
+    )
+    with pytest.raises(xpatch.OptionError, match=r"'x' labels are not regularly spaced.*zarr"):
+        xpatch.write(result, tmp_path / "out.tif", progress=False)
+    assert not (tmp_path / "out.tif").exists()
+    assert xpatch.write(result, tmp_path / "out.zarr", progress=False) == 1  # zarr keeps them

@@ -342,3 +342,19 @@ def test_scene_names_that_differ_only_in_case_are_refused(tmp_path):
     with pytest.raises(xpatch.OptionError, match=r"\['S1', 's1'\] differ only in case"):
         xpatch.write({"s1": lazy["s1"], "S1": lazy["s2"]}, tmp_path / "out", progress=False)
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("name", ["north\nsouth", "a:b", "tile*", "why?", "x" * 250])
+def test_scene_names_that_cannot_be_file_names_are_refused(tmp_path, name):
+    results = {name: xr.DataArray(np.zeros((4, 4)), dims=("y", "x")).chunk(2)}
+    with pytest.raises(xpatch.OptionError, match="cannot be a file name"):
+        xpatch.write(results, tmp_path, progress=False)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("suffix", [".tif", ".tiff", ".zarr"])
+def test_a_mapping_of_scenes_is_not_written_to_a_file_name(tmp_path, suffix):
+    results = {"a": xr.DataArray(np.zeros((4, 4)), dims=("y", "x")).chunk(2)}
+    with pytest.raises(xpatch.OptionError, match="written into a folder"):
+        xpatch.write(results, tmp_path / f"out{suffix}", progress=False)
+    assert not (tmp_path / f"out{suffix}").exists()

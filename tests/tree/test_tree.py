@@ -450,3 +450,23 @@ def test_the_tree_source_shuffles_chunk_by_chunk_like_every_source():
     chunks = src.chunk_of_patch()[order]
     assert int((np.diff(chunks) != 0).sum()) == 3  # 4 chunks, each visited once
     assert order == src.chunk_shuffled_order(seed=3).tolist()
+
+
+def test_nodes_in_different_crss_are_not_one_footprint():
+    # The same numbers in two CRSs are different ground: patching them as one is wrong.
+    def node(n: int, cell: float, crs: str) -> xr.Dataset:
+        centres = cell / 2 + cell * np.arange(n)
+        ds = xr.Dataset(
+            {"v": (("y", "x"), np.zeros((n, n)))}, coords={"y": 120 - centres, "x": centres}
+        )
+        return ds.assign_coords(spatial_ref=((), 0, {"crs_wkt": crs}))
+
+    same = xr.DataTree.from_dict(
+        {"/a": node(12, 10, "EPSG:32633"), "/b": node(6, 20, "EPSG:32633")}
+    )
+    assert len(same.patch(y=6, x=6)) == 4
+    mixed = xr.DataTree.from_dict(
+        {"/a": node(12, 10, "EPSG:32633"), "/b": node(6, 20, "EPSG:32634")}
+    )
+    with pytest.raises(xpatch.GeometryError, match=r"'/a' and '/b' are in different CRSs"):
+        mixed.patch(y=6, x=6)

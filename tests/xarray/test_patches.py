@@ -129,3 +129,19 @@ def test_predictions_from_another_patcher_are_refused(scene):
     other = scene.patch(y=16, x=20, stride=11).patches().isel(patch=slice(0, len(p)))
     with pytest.raises(xpatch.PredictionError, match=r"not an anchor of this patcher"):
         p.reconstruct(other.assign_coords(y=p.patches().y, x=p.patches().x))
+
+
+def test_a_datasets_patched_dims_keep_the_callers_order_whatever_variables_join():
+    # A (lat, lon) mask put before a (time, lat, lon) field reordered the Dataset's dims,
+    # and with them the anchors' columns: code reading anchor[0] as time read lat.
+    field = xr.DataArray(np.arange(96.0).reshape(2, 6, 8), dims=("time", "lat", "lon"))
+    alone = xr.Dataset({"t": field})
+    with_mask = xr.Dataset({"mask": field.isel(time=0) > 10, "t": field})
+    layout = dict(time=1, lat=3, lon=4)
+    a, b = alone.patch(**layout), with_mask.patch(**layout)
+    assert a.dims == b.dims == ("time", "lat", "lon")
+    np.testing.assert_array_equal(a.anchors().values, b.anchors().values)
+    assert list(b.anchors().dim.values) == ["time", "lat", "lon"]
+    assert b[5]["t"].equals(a[5]["t"])
+    # A DataArray keeps its own order, whatever the order of the sizes.
+    assert field.patch(lon=4, lat=3, time=1).dims == ("time", "lat", "lon")

@@ -362,3 +362,20 @@ def test_dataset_predictions_read_the_scale_off_every_variable():
         out = p.reconstruct(bigger[order])
         np.testing.assert_array_equal(out["b"], np.repeat(np.arange(8.0), 2))
         assert out["a"].shape == (16, 16)
+
+
+@pytest.mark.parametrize(
+    ("labels", "why"),
+    [
+        ([0.0, 1.0, np.nan, 3.0, 4.0, 5.0, 6.0, 7.0], "NaN"),
+        ([0.0, 1.0, 2.0, 1.5, 4.0, 5.0, 6.0, 7.0], "not strictly increasing or decreasing"),
+    ],
+)
+def test_scale_refuses_labels_it_cannot_interpolate(labels, why):
+    # The output's labels are the input's interpolated at the new cell centres: from NaN or
+    # labels that turn back they were made up, silently.
+    da = xr.DataArray(np.arange(8.0), dims="x", coords={"x": labels})
+    p = da.patch(x=4)
+    with pytest.raises(xpatch.OptionError, match=why):
+        p.apply(lambda b: np.repeat(b, 2, axis=-1), scale=2)
+    assert p.apply(lambda b: b).sizes["x"] == 8  # unscaled: the labels are the input's

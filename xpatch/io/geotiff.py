@@ -34,7 +34,7 @@ from xpatch.io.outputs import StoreTasks
 from xpatch.io.record import ProgressRecord, WriterLock
 from xpatch.io.waves import active_client
 from xpatch.xarray.encoding import encoded_nodata_of, nodata_of
-from xpatch.xarray.georef import X_NAMES, Y_NAMES
+from xpatch.xarray.georef import X_NAMES, Y_NAMES, irregular_steps
 
 #: Suffix of the progress record's folder beside a GeoTIFF.
 GEOTIFF_RECORD_SUFFIX = ".xpatch-progress"
@@ -144,6 +144,18 @@ def geotiff_layout(result: xr.DataArray) -> tuple[Hashable, Hashable, list[Hasha
             f"result.rename({{{rows!r}: 'y', {cols!r}: 'x'}}), or write zarr instead."
         )
     y_dim, x_dim = dims
+    for dim in dims:
+        coord = result.coords.get(dim)
+        numeric = coord is not None and coord.ndim == 1 and coord.dtype.kind in "iuf"
+        uneven = irregular_steps(coord.values) if numeric else None
+        if uneven is not None:
+            raise OptionError(
+                f"GeoTIFF holds a regular grid (one pixel size along {dim!r}), and the result's "
+                f"{dim!r} labels are not regularly spaced (steps from {uneven[0]:g} to "
+                f"{uneven[1]:g}): its pixel size would be their average, and most cells would "
+                "be written in the wrong place. Write zarr instead (a .zarr path), which keeps "
+                f"the labels, or regrid first (result.interp({dim}=<regular labels>))."
+            )
     band_dims = [d for d in result.dims if d not in dims]
     empty = [d for d in result.dims if result.sizes[d] == 0]
     if empty:

@@ -54,6 +54,7 @@ import os
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, Literal
 
 import xarray as xr
@@ -64,6 +65,7 @@ from xpatch.io.location import Location, locate
 from xpatch.io.record import WriterLock, put_atomically, read_bytes
 from xpatch.io.steps import (
     FORMATS,
+    GEOTIFF_SUFFIXES,
     Format,
     Resume,
     check_resume,
@@ -81,8 +83,14 @@ MANIFEST_FOLDER = "xpatch-scenes"
 #: The format of a manifest entry; an entry of another format is refused.
 MANIFEST_FORMAT = 1
 
-#: Characters that cannot be part of a file name on some filesystem xpatch writes to.
-FORBIDDEN_NAME_CHARACTERS = ("/", "\\", "\0")
+#: Characters that cannot be part of a file name on some filesystem xpatch writes to
+#: (Windows refuses ``:*?"<>|``; control characters break listings and shells).
+FORBIDDEN_NAME_CHARACTERS = ("/", "\\", "\0", ":", "*", "?", '"', "<", ">", "|")
+
+#: The longest file name most filesystems take, in bytes.
+LONGEST_NAME_BYTES = 255
+#: Room left for the suffixes xpatch adds to a scene's name (``.zarr``, ``.xpatch-progress``).
+SUFFIX_BYTES = 24
 
 EntryState = Literal["started", "overwriting", "done"]
 Action = Literal["write", "rewrite", "skip", "mark"]
@@ -100,13 +108,20 @@ def check_scene_names(names: list[str]) -> None:
     xpatch.core.errors.OptionError: scene name 'a/b' cannot be a file name ...
     """
     for name in names:
-        bad = [c for c in FORBIDDEN_NAME_CHARACTERS if c in name]
-        if not name or name in (".", "..") or bad:
-            why = f"it contains {bad[0]!r}" if bad else "it is empty or a folder reference"
+        bad = [c for c in name if c in FORBIDDEN_NAME_CHARACTERS or not c.isprintable()]
+        long = len(name.encode()) > LONGEST_NAME_BYTES - SUFFIX_BYTES
+        if not name or name in (".", "..") or bad or long:
+            if bad:
+                why = f"it contains {bad[0]!r}"
+            elif long:
+                most = LONGEST_NAME_BYTES - SUFFIX_BYTES
+                why = f"it is {len(name.encode())} bytes long, over {most}"
+            else:
+                why = "it is empty or a folder reference"
+            fixed = "".join("_" if c in bad else c for c in name)[:64] or "scene"
             raise OptionError(
                 f"scene name {name!r} cannot be a file name ({why}): each scene is written "
-                "to <folder>/<name>.zarr or .tif. Rename the scene, e.g. "
-                f"{{{name.replace('/', '_') or 'scene'!r}: result}}."
+                f"to <folder>/<name>.zarr or .tif. Rename the scene, e.g. {{{fixed!r}: result}}."
             )
 
 
@@ -380,6 +395,13 @@ def write_scenes(
         raise OptionError(
             f"folder={folder!r} must be a local folder or an fsspec URL ('s3://bucket/run'); "
             "each scene is written into it."
+        )
+    suffix = Path(os.fspath(folder)).suffix.lower()
+    if suffix in (*GEOTIFF_SUFFIXES, ".zarr"):
+        raise OptionError(
+            f"folder={os.fspath(folder)!r} names a {suffix} file, but a mapping of scenes is "
+            "written into a folder, one output per scene (<folder>/<scene>.zarr or .tif). "
+            f"Give a folder, e.g. {Path(os.fspath(folder)).stem!r}."
         )
     location = locate(folder, storage_options)
     if location.fs.isfile(location.root):

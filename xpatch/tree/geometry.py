@@ -22,7 +22,7 @@ import numpy as np
 import xarray as xr
 
 from xpatch.core.errors import DimensionError, GeometryError, OptionError
-from xpatch.xarray.georef import raster_dims, transform_of
+from xpatch.xarray.georef import crs_of, raster_dims, same_crs, transform_of
 
 #: Largest denominator of a factor between two nodes' cell sizes (60 m / 10 m is 6).
 MAX_DENOMINATOR = 1000
@@ -358,3 +358,21 @@ def scale_anchors(
             scaled[:, j] = anchors[:, j] * f.numerator // f.denominator
         out[path] = scaled
     return out
+
+
+def check_one_crs(nodes: Mapping[str, xr.Dataset]) -> None:
+    """Refuse nodes whose grid mappings declare different CRSs: they are not one footprint.
+
+    Coordinates in two CRSs can hold the same numbers for different ground, which
+    the footprint checks (by the numbers) cannot tell apart.
+    """
+    declared = {path: crs_of(ds) for path, ds in nodes.items()}
+    declared = {path: crs for path, crs in declared.items() if crs is not None}
+    first = next(iter(declared.items()), None)
+    for path, crs in declared.items():
+        if not same_crs(first[1], crs):
+            raise GeometryError(
+                f"nodes {first[0]!r} and {path!r} are in different CRSs, so their "
+                "coordinates are not one footprint even where the numbers agree. Reproject "
+                f"the nodes to one CRS first (node.rio.reproject_match(tree[{first[0]!r}]))."
+            )

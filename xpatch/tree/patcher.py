@@ -31,6 +31,7 @@ from xpatch.core.geometry import Geometry
 from xpatch.core.scale import ScaleSpec
 from xpatch.patcher import APPLY, Patcher
 from xpatch.tree.geometry import (
+    check_one_crs,
     crs_layout,
     node_axis,
     node_factors,
@@ -49,7 +50,7 @@ from xpatch.tree.nodes import (
 from xpatch.tree.source import TreeSource
 from xpatch.xarray.apply import ApplyOptions, ApplyReduction, OutputDims, OutputDTypes
 from xpatch.xarray.encoding import NodataOption
-from xpatch.xarray.layout import LayoutOptions, size_mapping
+from xpatch.xarray.layout import LayoutOptions, patched_dims, size_mapping
 
 #: What sizes and strides count: the reference node's cells, or map (CRS) units.
 Units = Literal["cells", "crs"]
@@ -179,10 +180,11 @@ class TreePatcher:
                 f"no node of the tree has a data variable along the patched dims "
                 f"{list(size)!r}; patch the dims of the data variables of the resolution nodes."
             )
+        check_one_crs(nodes)
         reference = self._pick_reference(tree, nodes, tuple(size), reference)
         _check_window(layout_options.window)
         ref_obj = nodes[reference]
-        dims = tuple(d for d in ref_obj.dims if d in size)  # the Patcher's own order
+        dims = patched_dims(ref_obj, size)  # the Patcher's own order
         axes = {path: {d: node_axis(ds, path, d) for d in dims} for path, ds in nodes.items()}
         factors = node_factors(axes, reference, dims)
         unit = dict.fromkeys(dims, 1.0)

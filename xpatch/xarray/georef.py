@@ -91,14 +91,30 @@ def _regular_step(values: np.ndarray, dim: Hashable) -> tuple[float, float]:
             f"coordinate {dim!r} has {len(values)} label(s): a transform needs a step; "
             "write one with da.rio.write_transform(...)."
         )
-    steps = np.diff(values)
-    if not np.allclose(steps, steps[0], rtol=1e-6, atol=0):
+    uneven = irregular_steps(values)
+    if uneven is not None:
         raise GeometryError(
-            f"coordinate {dim!r} is not regularly spaced (steps from {steps.min()} to "
-            f"{steps.max()}); bounds need a regular grid or a transform "
+            f"coordinate {dim!r} is not regularly spaced (steps from {uneven[0]} to "
+            f"{uneven[1]}); bounds need a regular grid or a transform "
             "(da.rio.write_transform(...))."
         )
-    return float(values[0]), float(steps[0])
+    return float(values[0]), float(values[1] - values[0])
+
+
+def irregular_steps(values: np.ndarray) -> tuple[float, float] | None:
+    """Return the smallest and largest step of irregularly spaced 1-D labels, else None.
+
+    Steps within a relative 1e-6 of the first count as regular (float labels).
+
+    Examples
+    --------
+    >>> irregular_steps(np.array([0.0, 1.0, 2.0])) is None, irregular_steps(np.array([0, 1, 3]))
+    (True, (1.0, 2.0))
+    """
+    steps = np.diff(np.asarray(values, dtype=np.float64))
+    if len(steps) == 0 or np.allclose(steps, steps[0], rtol=1e-6, atol=0):
+        return None
+    return float(steps.min()), float(steps.max())
 
 
 def transform_of(obj: xr.DataArray | xr.Dataset) -> Transform | None:
@@ -214,3 +230,32 @@ def patch_bounds(
     xs = np.stack([c, c + a * width, c + b * height, c + a * width + b * height])
     ys = np.stack([f, f + d * width, f + e * height, f + d * width + e * height])
     return np.stack([xs.min(0), ys.min(0), xs.max(0), ys.max(0)], axis=1)
+
+
+def crs_of(obj: xr.DataArray | xr.Dataset) -> Any:
+    """Return the CRS its grid mapping declares (WKT, as rioxarray writes it), or None."""
+    name = grid_mapping_name(obj)
+    if name is None:
+        return None
+    attrs = obj.coords[name].attrs
+    return attrs.get("crs_wkt") or attrs.get("spatial_ref")
+
+
+def same_crs(a: Any, b: Any) -> bool:
+    """Whether two declared CRSs are the same: by pyproj when installed, else as text.
+
+    Examples
+    --------
+    >>> same_crs("EPSG:32633", "EPSG:32633"), same_crs("EPSG:32633", "EPSG:32634")
+    (True, False)
+    """
+    if a == b:
+        return True
+    try:
+        pyproj = importlib.import_module("pyproj")
+    except ImportError:
+        return False
+    try:
+        return bool(pyproj.CRS.from_user_input(a) == pyproj.CRS.from_user_input(b))
+    except pyproj.exceptions.CRSError:
+        return False

@@ -166,7 +166,7 @@ class Layout(Generic[T]):
                 f"size names dimension(s) {unknown!r} that the {type(obj).__name__} does not "
                 f"have; its dimensions are {list(obj.dims)!r}."
             )
-        dims = [d for d in obj.dims if d in size]
+        dims = patched_dims(obj, size)
         variables = patched_variables(obj, dims)
         if not variables:
             raise DimensionError(
@@ -220,7 +220,7 @@ class Layout(Generic[T]):
 
     @property
     def dims(self) -> tuple[Hashable, ...]:
-        """The patched dims, in the order they have in the object."""
+        """The patched dims: in a DataArray's order, in a Dataset's as the size gave them."""
         return self.geometry.dims
 
     @property
@@ -265,6 +265,28 @@ class Layout(Generic[T]):
             f"({len(self)} patches) size=({size}) stride=({stride}) "
             f"boundary={g.boundary!r}{mode} window={self.window!r} sampler={self.sampler!r}"
         )
+
+
+def patched_dims(obj: xr.DataArray | xr.Dataset, size: Mapping[Hashable, int]) -> tuple:
+    """Return the patched dims: in a DataArray's own order, a Dataset's as the caller gave them.
+
+    A Dataset's dims come in the order its variables brought them: adding a
+    ``(lat, lon)`` mask before a ``(time, lat, lon)`` field would turn anchors
+    from ``(time, lat, lon)`` into ``(lat, lon, time)``. The caller's order does not
+    move whatever variables join.
+
+    Examples
+    --------
+    >>> field = xr.DataArray(np.zeros((2, 4, 6)), dims=("time", "lat", "lon"))
+    >>> ds = xr.Dataset({"mask": field.isel(time=0), "t": field})
+    >>> list(ds.dims), patched_dims(ds, {"time": 1, "lat": 2, "lon": 3})
+    (['lat', 'lon', 'time'], ('time', 'lat', 'lon'))
+    >>> patched_dims(field, {"lon": 3, "lat": 2})
+    ('lat', 'lon')
+    """
+    if isinstance(obj, xr.Dataset):
+        return tuple(d for d in size if d in obj.dims)
+    return tuple(d for d in obj.dims if d in size)
 
 
 def layout_of(laid: Layout | HasLayout) -> Layout:

@@ -31,7 +31,7 @@ from xpatch.core.shuffle import check_seed
 from xpatch.core.weighted_draw import weighted_cells
 from xpatch.xarray.georef import (
     GEO_HINT,
-    grid_mapping_name,
+    crs_of,
     patch_extent,
     raster_dims,
     transform_of,
@@ -83,20 +83,12 @@ def _pyproj():
         raise ImportError(f"points in another CRS need pyproj: {GEO_HINT}.") from error
 
 
-def _crs_of(obj: xr.DataArray | xr.Dataset) -> Any:
-    name = grid_mapping_name(obj)
-    if name is None:
-        return None
-    attrs = obj.coords[name].attrs
-    return attrs.get("crs_wkt") or attrs.get("spatial_ref")
-
-
 def _to_raster_crs(
     obj: xr.DataArray | xr.Dataset, x: np.ndarray, y: np.ndarray, crs: Any, label: str
 ) -> tuple[np.ndarray, np.ndarray]:
     if crs is None:
         return x, y
-    target = _crs_of(obj)
+    target = crs_of(obj)
     if target is None:
         raise GeometryError(
             f"{label}: crs={crs!r} was given but the array has no CRS to reproject to; "

@@ -86,9 +86,44 @@ def output_grid(layout: Layout, scale: ScaleSpec | None) -> OutputGrid:
             "patcher's window is an array of the input's; build the patcher with a window "
             "name (e.g. window='hann') or {dim: name}, which are made at any size."
         )
+    check_interpolable_labels(layout.obj, dict(zip(layout.dims, factors)))
     scaled = scale_plan(plan, factors)
     window = BlendWindow.of(make_window(spec, layout.dims, scaled.size))
     return OutputGrid(tuple(layout.dims), factors, scaled, window)
+
+
+def check_interpolable_labels(obj: xr.DataArray | xr.Dataset, factors: Mapping) -> None:
+    """Refuse 1-D labels along a scaled dim that cannot be interpolated: NaN, or not monotonic.
+
+    The output's labels are the input's taken at the new cell centres (linearly),
+    which NaN or labels that turn back would make up.
+
+    Examples
+    --------
+    >>> da = xr.DataArray(np.zeros(4), dims="x", coords={"x": [0.0, 1.0, np.nan, 3.0]})
+    >>> check_interpolable_labels(da, {"x": Fraction(2)})
+    Traceback (most recent call last):
+    ...
+    xpatch.core.errors.OptionError: scale=: the labels of 'x' hold NaN; ...
+    """
+    for dim, factor in factors.items():
+        coord = obj.coords.get(dim)
+        if factor == 1 or coord is None or coord.ndim != 1 or coord.dtype.kind not in "iufMm":
+            continue
+        dates = coord.dtype.kind in "Mm"
+        values = coord.values.astype(np.int64) if dates else coord.values
+        missing = bool(coord.isnull().any()) if dates else bool(np.isnan(values).any())
+        if missing:
+            why = "hold NaT" if dates else "hold NaN"
+        elif len(values) > 1 and not ((np.diff(values) > 0).all() or (np.diff(values) < 0).all()):
+            why = "are not strictly increasing or decreasing"
+        else:
+            continue
+        raise OptionError(
+            f"scale=: the labels of {dim!r} {why}; the output's labels are the input's "
+            "interpolated at the new cell centres, which would make them up. Fix the labels "
+            f"(or drop them: obj.drop_vars({dim!r})) before patching."
+        )
 
 
 def inferred_scale(
