@@ -309,3 +309,23 @@ def test_apply_weights_are_checked(layout):
     out = lazy.apply(negative, output_dims={"mean": None}, weights="w")  # checked by the tasks
     with pytest.raises(xpatch.PredictionError, match=r"weights hold -1.0"):
         out.compute()
+
+
+@pytest.mark.parametrize("lazy", [False, True], ids=["numpy", "dask"])
+@pytest.mark.parametrize("weight", [1e-40, 1e-46, 3.5e38])
+def test_weights_outside_float32s_range_weigh_float32_predictions_exactly(lazy, weight):
+    # Finite and >= 0, they passed the check, then float32 sums rounded them: 1e-40 everywhere
+    # gave errors of 0.07, 1e-46 all NaN, 3.5e38 inf.
+    values = np.random.default_rng(5).random((24, 30), dtype=np.float32)
+    da = xr.DataArray(values, dims=("y", "x"))
+    p = (da.chunk(10) if lazy else da).patch(y=8, x=10, stride={"y": 4, "x": 5}, window="hann")
+    pred = p.patches()
+    weights = np.full(len(p), weight)
+    got = p.reconstruct(pred, weights=weights).compute()
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got.values, values, rtol=2e-6)
+    applied = p.apply(lambda b: b, weights=weights).compute()
+    np.testing.assert_allclose(applied.values, values, rtol=2e-6)
+    if weight > 1:  # Σ w·x past float32's range: refused, not inf
+        with pytest.raises(xpatch.PredictionError, match="past the range of float32"):
+            p.reconstruct(pred, reduce="sum", weights=weights).compute()

@@ -28,6 +28,7 @@ from xpatch.core.blend import compiled
 from xpatch.core.blend.landing import Landing, place_patches
 from xpatch.core.blend.lattice import lattice_overlap_add
 from xpatch.core.blend.reductions import Reduction, ReductionName, as_reduction
+from xpatch.core.blend.sums import narrowed
 from xpatch.core.blend.weighted import weigher
 from xpatch.core.windows import BlendWindow
 
@@ -219,11 +220,12 @@ def overlap_add_groups(
             threads,
         )
         if out is not None:
-            return out.astype(acc, copy=False)
+            return narrowed(out, acc)
     # Found once, not per band: a vote sums each label present in its own pass.
     reduce.check_dtype(template.dtype)
     shared = reduce.shared(prediction_groups)
-    out = np.empty((*lead, *grid_shape), dtype=reduce.working_dtype(acc, window))
+    working = reduce.working_dtype(acc, window, weight_groups)
+    out = np.empty((*lead, *grid_shape), dtype=working)
     groups = PatchGroups(anchor_groups, prediction_groups, weight_groups)
     edges = np.linspace(0, grid_shape[0], max(1, min(threads, grid_shape[0])) + 1).astype(int)
     bands = [(int(lo), int(hi)) for lo, hi in itertools.pairwise(edges.tolist())]
@@ -241,4 +243,4 @@ def overlap_add_groups(
     else:
         with ThreadPoolExecutor(len(bands)) as pool:
             list(pool.map(accumulate_band, bands))
-    return out.astype(acc, copy=False)
+    return narrowed(out, acc)

@@ -66,7 +66,8 @@ def partial_sums(
     acc = reduce.accumulation_dtype(predictions.dtype) if dtype is None else np.dtype(dtype)
     if acc.kind not in "iub":
         reduce.check_exact_in_float([predictions], window, weighted=weights is not None)
-    acc = reduce.working_dtype(acc, window)  # combine_partials casts back
+    acc = reduce.working_dtype(acc, window, None if weights is None else [weights])
+    # (combine_partials casts back)
     patch_cells = int(np.prod(predictions.shape[1:], dtype=np.int64))
     if on_lattice(reduce, acc, window, weights, patch_cells):
         total = lattice_overlap_add(

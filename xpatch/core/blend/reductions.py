@@ -49,10 +49,11 @@ from xpatch.core.blend.sums import (
     add_sums,
     check_wrapped,
     integer_sum_shadow,
+    narrowed,
     normalise,
 )
 from xpatch.core.blend.vote import present_labels, vote_block, vote_partial, vote_pieces
-from xpatch.core.blend.weighted import weighted_sums
+from xpatch.core.blend.weighted import beyond_float32, weighted_sums
 from xpatch.core.checks import check_choice
 from xpatch.core.errors import OptionError, PredictionError
 from xpatch.core.plan import Plan
@@ -117,8 +118,13 @@ class Reduction:
         """Return a cell's value before anything lands on it."""
         return np.nan
 
-    def working_dtype(self, acc: np.dtype, window: Any) -> np.dtype:
-        """Return the dtype a result in ``acc`` is computed in (cast back to ``acc``)."""
+    def working_dtype(
+        self, acc: np.dtype, window: Any, weights: Sequence[np.ndarray] | None = None
+    ) -> np.dtype:
+        """Return the dtype a result in ``acc`` is computed in (cast back to ``acc``).
+
+        ``weights``: the groups of weights that multiply the window, if any.
+        """
         return np.dtype(acc)
 
     def accumulation_dtype(
@@ -247,22 +253,29 @@ class WeightedSum(Reduction):
             return np.dtype(np.uint64 if np.dtype(dtype).kind == "u" else np.int64)
         return None
 
-    def working_dtype(self, acc: np.dtype, window: Any) -> np.dtype:
-        """Return float64 for a mean whose window has weights float32 loses (``< tiny / eps``).
+    def working_dtype(
+        self, acc: np.dtype, window: Any, weights: Sequence[np.ndarray] | None = None
+    ) -> np.dtype:
+        """Return float64 for sums float32 would lose: tiny or huge weights.
 
         A mean divides Σw·x by Σw. A weight below float32's smallest normal number
         divided by its epsilon (~1e-31; the tails of a narrow Gaussian, e.g. 3e-43
         at the ends of ``("gaussian", 1.5)`` over 43 cells) keeps only a few bits in
         float32, or becomes 0, so the cells only such weights reach would come back
-        off by ~1e-4 or NaN.
+        off by ~1e-4 or NaN. Weights from the model outside float32's range
+        (:data:`~xpatch.core.blend.weighted.FLOAT32_WEIGHTS`: 1e-40 everywhere,
+        or 3.5e38) are summed in float64 for a mean and a sum alike.
         """
         acc = np.dtype(acc)
-        if not self.normalised or acc.kind not in "fc" or np.finfo(acc).bits >= 64:
+        if acc.kind not in "fc" or np.finfo(acc).bits >= 64:
             return acc
+        wide = np.result_type(acc, np.float64)
+        if weights is not None and beyond_float32(weights):
+            return wide
         info = np.finfo(acc)
-        if BlendWindow.of(window).values.min(initial=np.inf) >= info.tiny / info.eps:
+        if not self.normalised or BlendWindow.of(window).values.min() >= info.tiny / info.eps:
             return acc
-        return np.result_type(acc, np.float64)
+        return wide
 
     def block(self, out: np.ndarray, landing: Landing, shared: object = None) -> np.ndarray:
         """Return Σ w·x of the block, divided by Σ w for a mean; NaN where nothing valid lands."""
@@ -310,7 +323,9 @@ class WeightedSum(Reduction):
         self, out_shape: tuple[int, ...], acc: np.dtype, pieces: Sequence[Piece], block: Block
     ) -> np.ndarray:
         """Add the pieces' Σ w·x, then divide by Σ w of their anchors (or their own Σ w)."""
-        out = np.zeros(out_shape, dtype=self.working_dtype(acc, block.window))
+        # Pieces summed in float64 (weights float32 would lose) are added in float64.
+        working = [self.working_dtype(acc, block.window), *(p.partial.total.dtype for p in pieces)]
+        out = np.zeros(out_shape, dtype=np.result_type(*working))
         for piece in pieces:
             out[piece.region] += piece.partial.total
         if acc.kind in "iu":  # an integral sum, every cell covered: exact unless it wrapped
@@ -345,7 +360,7 @@ class WeightedSum(Reduction):
             if sums is not None and all_positive(sums):
                 if self.normalised:
                     np.divide(out, outer_product(sums, real), out=out)
-                return out.astype(acc, copy=False)
+                return narrowed(out, acc)
             if sums is not None:
                 total = outer_product(sums, np.dtype(np.float64))
             else:
@@ -353,8 +368,8 @@ class WeightedSum(Reduction):
             if (total > 0).all():
                 if self.normalised:
                     np.divide(out, total.astype(real), out=out)
-                return out.astype(acc, copy=False)
-            return normalise(out, total, self.normalised).astype(acc, copy=False)
+                return narrowed(out, acc)
+            return narrowed(normalise(out, total, self.normalised), acc)
         # A piece's Σw may be float64 where out's dtype would round it to 0 (masked sums).
         exact = [p.partial.weight.dtype for p in pieces if p.partial.weight is not None]
         weight = np.zeros(out.shape, dtype=np.result_type(real, *exact))
@@ -365,7 +380,7 @@ class WeightedSum(Reduction):
             else:
                 extent = part.total.shape[-k:]
                 weight[piece.region] += window_sums(part.origin, extent, part.anchors).total()
-        return normalise(out, weight, self.normalised).astype(acc, copy=False)
+        return narrowed(normalise(out, weight, self.normalised), acc)
 
 
 class Extreme(Reduction):

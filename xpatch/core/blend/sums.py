@@ -172,3 +172,32 @@ def check_wrapped(out: np.ndarray, shadow: np.ndarray) -> None:
             "float predictions (pred.astype('float64')), or a dtype='float64' to apply, to "
             "sum in float64, or use reduce='mean'."
         )
+
+
+def narrowed(out: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """Return ``out`` cast to the result's ``dtype``, refusing finite values it cannot hold.
+
+    Sums computed in float64 (weights float32 would lose) come back to float32:
+    a sum past float32's range would turn to inf there.
+
+    Examples
+    --------
+    >>> narrowed(np.array([1.0, 2.0]), np.dtype("float32")).dtype
+    dtype('float32')
+    """
+    dtype = np.dtype(dtype)
+    if out.dtype == dtype:
+        return out
+    with np.errstate(over="ignore"):
+        cast = out.astype(dtype)
+    if dtype.kind in "fc" and out.dtype.kind in "fc":
+        lost = np.isinf(cast) & np.isfinite(out)
+        if lost.any():
+            raise PredictionError(
+                f"the blend reaches {np.abs(out[lost]).max():.6g}, past the range of {dtype} "
+                "(the predictions' precision, which the result keeps): the weights are too "
+                "large for it. Scale the weights down (a mean is the same for weights times a "
+                "constant), or pass float64 predictions (pred.astype('float64'), or "
+                "dtype='float64' in apply)."
+            )
+    return cast

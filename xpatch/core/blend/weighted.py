@@ -49,6 +49,29 @@ def check_weights(weights: np.ndarray) -> np.ndarray:
     return weights
 
 
+#: Weights that float32 weighs with: from its smallest normal number over its epsilon
+#: (below, a weight keeps a few bits, or is 0) to 2**64 (above, Σ w·x of values past
+#: 2**64 overflows float32). Outside, float32 sums run in float64. (The window's own
+#: small tails are the mean's concern: :meth:`WeightedSum.working_dtype`.)
+FLOAT32_WEIGHTS = (np.finfo(np.float32).tiny / np.finfo(np.float32).eps, 2.0**64)
+
+
+def beyond_float32(weight_groups: Sequence[np.ndarray]) -> bool:
+    """Whether the weights hold values float32 cannot weigh with (tiny or huge, not 0).
+
+    Examples
+    --------
+    >>> [beyond_float32([np.array([v])]) for v in (1.0, 1e-40, 3.5e38, 0.0)]
+    [False, True, True, False]
+    """
+    low, high = FLOAT32_WEIGHTS
+    for weights in weight_groups:
+        positive = weights[weights > 0]
+        if positive.size and (positive.min() < low or positive.max() > high):
+            return True
+    return False
+
+
 def weigher(
     window: np.ndarray, weight_groups: Sequence[np.ndarray], prediction_groups: Sequence[np.ndarray]
 ) -> Callable[[Placement], np.ndarray]:
