@@ -134,11 +134,15 @@ def test_argmax_label_dtype_ties_and_options(image):
     with pytest.raises(OptionError, match="cannot hold the labels"):
         p.apply(five_class, output_dims={"class": 5}, reduce="argmax", out_dtype="float32")
     gaps = image.patch(y=8, x=8, stride=10, boundary="drop")
-    with pytest.raises(OptionError, match=r"labels of reduce='argmax'.*nodata="):
-        gaps.apply(five_class, output_dims={"class": 5}, reduce="argmax")
-    out = gaps.apply(five_class, output_dims={"class": 5}, reduce="argmax", nodata=255)
-    assert out.dtype == np.uint8 and (out.values[8:10] == 255).all()
-    assert (out.values[:8, :8] < 5).all()
+    # Uncovered cells have no label: a value no class takes marks them (the input's
+    # nodata, a value a class may take, never does).
+    auto = gaps.apply(five_class, output_dims={"class": 5}, reduce="argmax")
+    assert auto.dtype == np.uint8 and auto.attrs["_FillValue"] == 255
+    assert (auto.values[8:10] == 255).all() and (auto.values[:8, :8] < 5).all()
+    out = gaps.apply(five_class, output_dims={"class": 5}, reduce="argmax", nodata=254)
+    assert out.dtype == np.uint8 and (out.values[8:10] == 254).all()
+    with pytest.raises(OptionError, match=r"nodata=3 is one of the labels 0\.\.4"):
+        gaps.apply(five_class, output_dims={"class": 5}, reduce="argmax", nodata=3)
 
 
 @pytest.mark.parametrize("bad", ["uint9", "bool", "U3"])
@@ -166,16 +170,34 @@ def test_reconstruct_argmax_equals_apply_argmax(image, lazy):
     np.testing.assert_array_equal(labels.values, blended.argmax(axis=0))
 
 
-def test_reconstruct_argmax_without_a_label_everywhere_is_float_with_nan(image):
+def test_reconstruct_argmax_marks_cells_without_a_label_with_a_value_no_class_takes(image):
     p = image.patch(y=8, x=8, stride=10, boundary="drop")  # gaps: uncovered cells
     scores = xr.concat([p.patches().isel(band=0), p.patches().isel(band=1)], dim="class")
     labels = p.reconstruct(scores, reduce="argmax")
-    assert labels.dtype == np.float64 and np.isnan(labels.values).any()
-    covered = ~np.isnan(labels.values)
-    expected = (image.values[1] > image.values[0]).astype(float)
+    assert labels.dtype == np.uint8 and labels.attrs["_FillValue"] == 255
+    covered = labels.values != 255
+    assert not covered.all()
+    expected = (image.values[1] > image.values[0]).astype(np.uint8)
     np.testing.assert_array_equal(labels.values[covered], expected[covered])
     with pytest.raises(PredictionError, match=r"one class dim; pred has 0 dims"):
         p.reconstruct(p.patches().isel(band=0), reduce="argmax")
+
+
+@pytest.mark.parametrize("lazy", [False, True], ids=["numpy", "dask"])
+def test_argmax_gives_no_class_to_cells_whose_scores_are_all_nan_or_weighed_0(image, lazy):
+    # Every cell covered, no nodata in the input: the labels were uint8 without a
+    # nodata value, and cells whose scores were all NaN came out as class 0.
+    p = (image.chunk({"y": 13, "x": 16}) if lazy else image).patch(y=8, x=8, stride=8)
+    scores = xr.concat([p.patches().isel(band=0), p.patches().isel(band=1)], dim="class")
+    scores = scores.where(xr.DataArray(np.arange(len(p)) != 0, dims="patch"))  # patch 0: NaN
+    labels = p.reconstruct(scores, reduce="argmax").compute()
+    assert (labels.values[:8, :8] == labels.attrs["_FillValue"]).all()
+    assert (labels.values[8:] < 2).all()
+    weights = np.ones(len(p))
+    weights[0] = 0.0
+    weighed = p.apply(five_class, output_dims={"class": 5}, reduce="argmax", weights=weights)
+    assert (weighed.values[:8, :8] == weighed.attrs["_FillValue"]).all()  # not "fn returned NaN"
+    assert (weighed.values[8:] < 5).all()
 
 
 @pytest.mark.parametrize("lazy", [False, True], ids=["numpy", "dask"])
@@ -192,3 +214,47 @@ def test_a_mean_of_integers_beyond_2_53_is_not_stored_as_an_exact_looking_int64(
     assert exact.dtype == np.int64 and (exact.values == stamps).all()
     small = xr.DataArray(np.arange(24, dtype=np.int64), dims="x").patch(x=4, stride=2)
     assert small.apply(lambda b: b).values.tolist() == list(range(24))  # below 2**53: exact
+
+
+@pytest.mark.parametrize("lazy", [False, True], ids=["numpy", "dask"])
+def test_outputs_of_another_meaning_do_not_take_the_inputs_nodata(lazy):
+    # uint16 imagery whose nodata is 0: a label map written with nodata 0 read class 0 as
+    # missing (half of a 2-class map), and an NDVI output hid its valid zeros.
+    rng = np.random.default_rng(7)
+    bands = rng.integers(1, 4000, (2, 24, 24)).astype(np.uint16)
+    bands[:, :2, :2] = 0  # the input's own nodata
+    image = xr.DataArray(bands, dims=("band", "y", "x"), attrs={"_FillValue": 0})
+    p = (image.chunk({"y": 12}) if lazy else image).patch(y=8, x=8, stride=8)
+
+    def two_classes(b):  # class 1 where the first band is brighter
+        first, second = b[:, 0].astype(float), b[:, 1].astype(float)
+        return np.stack([second, first], axis=1)
+
+    labels = p.apply(two_classes, output_dims={"class": 2}, dtype="float64", reduce="argmax")
+    labels = labels.compute()
+    no_label = labels.attrs["_FillValue"]
+    assert no_label not in (0, 1)
+    assert (labels.values[:2, :2] == no_label).all()  # the input's nodata: no label
+    valid = labels.values[2:, 2:]
+    assert set(np.unique(valid)) == {0, 1}  # class 0 is a class, not nodata
+
+    def ndvi(b):
+        b = b.astype(np.float32)
+        return ((b[:, :1] - b[:, 1:]) / (b[:, :1] + b[:, 1:] + 1)).round(1)
+
+    index = p.apply(ndvi, output_dims={"index": 1}, dtype="float32").compute()
+    assert "_FillValue" not in index.attrs or np.isnan(index.attrs["_FillValue"])
+    assert np.isnan(index.values[0, :2, :2]).all()  # no data where the input had none
+    zeros = (index.values == 0) & ~np.isnan(index.values)
+    assert zeros.any()  # valid zeros stay zeros
+
+
+def test_a_nodata_value_that_valid_results_hold_is_counted_and_warned():
+    image = xr.DataArray(np.arange(64.0).reshape(8, 8) % 5, dims=("y", "x"))
+    p = image.patch(y=4, x=4)
+    with pytest.warns(xpatch.NodataCollisionWarning, match=r"^13 cells in the whole output"):
+        out = p.apply(lambda b: b, nodata=0.0)
+    assert (out.values == 0).sum() == 13  # written, but any reader takes them for missing
+    lazy = image.chunk(4).patch(y=4, x=4).apply(lambda b: b, nodata=0.0)
+    with pytest.warns(xpatch.NodataCollisionWarning, match="in a block of the output"):
+        lazy.compute()

@@ -43,3 +43,7 @@ class MissingDependencyError(XPatchError, ImportError):
 
 class UncoveredCellsWarning(UserWarning):
     """Some cells of the array are covered by no patch and reconstruct to NaN."""
+
+
+class NodataCollisionWarning(UserWarning):
+    """Valid results hold the output's nodata value: they would read as missing."""

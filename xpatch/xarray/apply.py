@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, NamedTuple
 
 import dask.array as da
 import numpy as np
@@ -32,6 +32,7 @@ from xpatch.xarray.encoding import (
     check_stored_nodata,
     class_dim,
     default_out_dtype,
+    needs_nodata,
 )
 from xpatch.xarray.layout import Layout
 from xpatch.xarray.provenance import describe_callable, layout_facts, note_result
@@ -171,15 +172,21 @@ def apply(
         stores the index of the largest score along the one non-patched output
         dim (e.g. ``output_dims={"class": 5}``), which the result drops: a
         label map in the smallest unsigned integer dtype that holds the labels
-        (uint8 up to 256 classes). Ties go to the first index; a cell where a
-        score is NaN (no patch covers it) has no label and needs ``nodata``.
+        (uint8 up to 256 classes). Ties go to the first index. A cell without a
+        label (uncovered, nodata in the input, weights all 0) takes a value no
+        class takes (the dtype then holds one more: 255 in uint8 up to 255
+        classes), never the input's nodata.
     nodata
         The output's nodata value (``_FillValue``): ``"input"`` (default) the
-        input's, a number, or None for none (NaN cells stay NaN). Cells where
-        the input has no data in any band (its nodata value or NaN), and cells
-        no valid prediction reached, take it. A prediction equal to it would be
-        read as missing: choose one the model cannot output (``np.nan`` is
-        always safe for the float output).
+        input's, for an output of the same dtype as the input (the same
+        quantity; otherwise NaN marks missing cells, as the input's value could
+        be a valid result: NDVI's 0 from imagery whose nodata is 0), a number,
+        or None for none (NaN cells stay NaN). Cells where the input has no data
+        in any band (its nodata value or NaN), and cells no valid prediction
+        reached, take it. A result equal to it would be read as missing: such
+        cells are counted when computed, with a
+        :class:`~xpatch.NodataCollisionWarning`; choose a value the model cannot
+        output (``np.nan`` is always safe for a float output).
     pad_batch
         If True, ``fn`` only ever sees batches of exactly ``batch_size``
         patches: the last batch of each group (one per input chunk) is filled
@@ -308,6 +315,7 @@ def apply(
             pick(out_dtype, name, names),
             reduce,
             nodata,
+            weighted=options.weights is not None,
         )
         for name in (names or [None])
     }
@@ -317,7 +325,7 @@ def apply(
         check_output_layout(layout, specs)
     carried = [d for d in obj.dims if d not in layout.dims]
     data = obj.transpose(*carried, *layout.dims).data
-    outputs = {n: Output(tuple(int(s) for s in d.values()), t) for n, (d, t, _) in specs.items()}
+    outputs = {n: Output(tuple(int(s) for s in o.dims.values()), o.dtype) for n, o in specs.items()}
     inference = Apply(
         fn,
         batch_size,
@@ -334,10 +342,10 @@ def apply(
     data = data if lazy else np.asarray(data)
     arrays = run(data, layout.plan, inference, None if grid.identity else grid.plan, patch_weights)
     results = {}
-    for name, (dims, declared, stored) in specs.items():
-        out = _dress(layout, grid, arrays[name], dims, reduce, nodata, stored)
+    for name, (dims, declared, stored, own) in specs.items():
+        out = _dress(layout, grid, arrays[name], dims, reduce, own, stored)
 
-        def facts(name=name, dims=dims, declared=declared, out=out) -> dict:
+        def facts(name=name, dims=dims, declared=declared, out=out, own=own) -> dict:
             weighed = (
                 {}
                 if options.weights is None
@@ -351,7 +359,7 @@ def apply(
                 "output_dims": dims,
                 "dtype": str(declared),
                 "reduce": reduce.name,
-                "nodata": nodata,
+                "nodata": own,
                 "out_dtype": str(out.dtype),
                 "pad_mode": layout.pad_mode,
                 **({} if grid.identity else {"scale": grid.scale}),
@@ -402,6 +410,15 @@ def check_apply_weights(
     return check_weights(array), None
 
 
+class OutputSpec(NamedTuple):
+    """One output of ``fn``, checked: its dims, declared and stored dtypes, and nodata."""
+
+    dims: dict[Hashable, int]
+    dtype: np.dtype
+    stored: np.dtype | None
+    nodata: NodataOption
+
+
 def _output_spec(
     layout: Layout,
     output_dims: Mapping[Hashable, int] | None,
@@ -409,8 +426,17 @@ def _output_spec(
     out_dtype: DTypeLike | None,
     reduce: Reduction,
     nodata: NodataOption,
-) -> tuple[dict[Hashable, int], np.dtype, np.dtype | None]:
-    """One output's non-patched dims, declared dtype and stored dtype, checked."""
+    weighted: bool = False,
+) -> OutputSpec:
+    """One output's non-patched dims, declared and stored dtypes and nodata value, checked.
+
+    ``nodata="input"`` gives the input's nodata value to an output of the same
+    meaning: the same dtype as the input, not a label map. Another output's
+    missing cells are NaN (a float then; an integer ``out_dtype`` asks for
+    ``nodata=``), as the input's value could be a valid result of it (NDVI's 0 from
+    imagery whose nodata is 0). A label map gets a value no class takes (its dtype
+    holds one more value), where some cell may have no label.
+    """
     obj = layout.obj
     output_dims = check_output_dims(layout, output_dims)
     try:
@@ -420,22 +446,57 @@ def _output_spec(
             f"dtype={dtype!r} is not a numpy dtype; pass e.g. 'float32' or np.float32."
         ) from None
     stored = check_out_dtype(out_dtype)
-    if reduce.reduces_lead:  # a label map: its dtype holds the labels
+    if reduce.reduces_lead:  # a label map: its dtype holds the labels, and no-label
         n_classes = output_dims[class_dim(output_dims)]
-        if stored is None:
-            stored = label_dtype(n_classes)
-        elif stored.kind not in "iu" or np.iinfo(stored).max < n_classes - 1:
-            raise OptionError(
-                f"out_dtype={out_dtype!r} cannot hold the labels 0..{n_classes - 1} of "
-                f"reduce='argmax'; pass an integer dtype such as {str(label_dtype(n_classes))!r}"
-                " (the default)."
-            )
+        nodata = _label_nodata(layout, stored, out_dtype, n_classes, nodata, weighted)
+        stored = stored or label_dtype(n_classes + (nodata is not None))
         check_stored_nodata(stored, layout.plan, obj, nodata, "the labels of reduce='argmax'")
-    elif stored is None:
+        return OutputSpec(output_dims, dtype, stored, nodata)
+    same = dtype == obj.dtype and (stored is None or stored == obj.dtype)
+    if nodata == "input" and not same:  # another quantity: NaN marks its missing cells
+        nodata = None
+    if stored is None:
         stored = default_out_dtype(dtype, reduce, layout.plan, obj, nodata)
     else:
         check_stored_nodata(stored, layout.plan, obj, nodata, f"out_dtype={out_dtype!r}")
-    return output_dims, dtype, stored
+    return OutputSpec(output_dims, dtype, stored, nodata)
+
+
+def _label_nodata(
+    layout: Layout,
+    stored: np.dtype | None,
+    out_dtype: DTypeLike | None,
+    n_classes: int,
+    nodata: NodataOption,
+    weighted: bool,
+) -> NodataOption:
+    """Return the no-label value of a label map: never the input's, never a class."""
+    lacking = weighted or needs_nodata(layout.plan, layout.obj)  # zero weights: no label
+    if stored is not None and (stored.kind not in "iu" or np.iinfo(stored).max < n_classes - 1):
+        raise OptionError(
+            f"out_dtype={out_dtype!r} cannot hold the labels 0..{n_classes - 1} of "
+            f"reduce='argmax'; pass an integer dtype such as {str(label_dtype(n_classes))!r}"
+            " (the default)."
+        )
+    if nodata == "input":  # the input's nodata is a value, which a class may take
+        if not lacking:
+            return None
+        dtype = stored or label_dtype(n_classes + 1)
+        if np.iinfo(dtype).max <= n_classes - 1:
+            raise OptionError(
+                f"out_dtype={out_dtype!r} holds the labels 0..{n_classes - 1} and no value "
+                "besides for the cells that have no label (uncovered, nodata in the input, "
+                f"or weights 0); pass a wider out_dtype ({str(label_dtype(n_classes + 1))!r}) "
+                "or nodata= a value outside the classes."
+            )
+        return int(np.iinfo(dtype).max)
+    if nodata is not None and float(nodata).is_integer() and 0 <= nodata < n_classes:
+        raise OptionError(
+            f"nodata={nodata!r} is one of the labels 0..{n_classes - 1} of reduce='argmax': "
+            "cells of that class would read as missing. Leave nodata out (a value beyond "
+            f"the classes is chosen), or pass one outside them, e.g. nodata={n_classes}."
+        )
+    return nodata
 
 
 def _dress(
@@ -519,12 +580,13 @@ def pick(value: object, name: str | None, names: list[str] | None, dims: bool = 
     return value.get(name)
 
 
-def check_output_layout(layout: Layout, specs: Mapping[str, tuple]) -> None:
+def check_output_layout(layout: Layout, specs: Mapping[str, OutputSpec]) -> None:
     """Refuse several outputs that cannot share one Dataset with the input's coordinates."""
     taken = set(layout.obj.dims) | set(layout.obj.coords)
-    taken |= {dim for dims, _, _ in specs.values() for dim in dims}
+    taken |= {dim for spec in specs.values() for dim in spec.dims}
     sizes: dict[Hashable, tuple[str, int]] = {}
-    for name, (dims, _, _) in specs.items():
+    for name, spec in specs.items():
+        dims = spec.dims
         if name in taken:
             raise OptionError(
                 f"the output name {name!r} is also a dim or coordinate of the result; "

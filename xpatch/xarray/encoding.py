@@ -20,6 +20,8 @@ the ``xpatch apply`` command follow:
 from __future__ import annotations
 
 import math
+import threading
+import warnings
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any, Literal
 
@@ -30,7 +32,7 @@ from numpy.typing import DTypeLike
 
 from xpatch.core.blend.dtypes import plan_covers
 from xpatch.core.blend.reductions import Reduction
-from xpatch.core.errors import OptionError, PredictionError
+from xpatch.core.errors import NodataCollisionWarning, OptionError, PredictionError
 from xpatch.core.plan import Plan
 
 #: Attributes that give a raster's nodata value, in the order rioxarray reads them.
@@ -130,13 +132,54 @@ def missing_as_nan(pred: xr.DataArray) -> xr.DataArray:
 
 
 def fill_nodata(variable: xr.Variable, attrs: Mapping) -> xr.Variable:
-    """Cells no valid prediction reached (NaN) take the nodata value of ``attrs``, if any."""
+    """Cells no valid prediction reached (NaN) take the nodata value of ``attrs``, if any.
+
+    Valid cells that hold that value already would read as missing: they are
+    counted, with a :class:`~xpatch.NodataCollisionWarning` (in the same pass).
+    """
     nodata = nodata_in(attrs)
     if nodata is None or not fits_dtype(nodata, variable.dtype):
         return variable
     if isinstance(nodata, float) and np.isnan(nodata):
         return variable
-    return variable.fillna(nodata)
+    data = variable.data
+    if isinstance(data, da.Array):
+        label = data.name
+        data = data.map_blocks(filled_block, nodata, label, dtype=data.dtype, meta=data._meta)
+    else:
+        data = filled_block(np.asarray(data), nodata, None)
+    return variable.copy(data=data)
+
+
+def filled_block(block: np.ndarray, nodata: Any, label: str | None) -> np.ndarray:
+    """NaN cells of ``block`` as ``nodata``; valid cells equal to it are counted and warned."""
+    missing = np.isnan(block)
+    warn_collisions(int(np.count_nonzero((block == nodata) & ~missing)), nodata, label)
+    return np.where(missing, nodata, block) if missing.any() else block
+
+
+#: The lazy outputs that warned of nodata collisions already (one warning each).
+_WARNED: set[str] = set()
+_WARNED_LOCK = threading.Lock()
+
+
+def warn_collisions(count: int, nodata: Any, label: str | None) -> None:
+    """Warn that ``count`` valid cells hold the nodata value (once per lazy output ``label``)."""
+    if not count:
+        return
+    if label is not None:
+        with _WARNED_LOCK:
+            if label in _WARNED:
+                return
+            _WARNED.add(label)
+    where = "in the whole output" if label is None else "in a block of the output (at least)"
+    warnings.warn(
+        f"{count} cells {where} hold the nodata value {nodata!r} as a valid result: any "
+        "reader takes them for missing. Pass nodata= a value the model never outputs "
+        "(NaN for a float output), or nodata=None.",
+        NodataCollisionWarning,
+        stacklevel=3,
+    )
 
 
 def mask_input_nodata(
@@ -356,7 +399,8 @@ def cast_stored(out: xr.DataArray, dtype: np.dtype) -> xr.DataArray:
         fill = None
     data = out.data
     if isinstance(data, da.Array):
-        data = data.map_blocks(cast_block, dtype, fill, dtype=dtype, meta=np.array((), dtype))
+        meta = np.array((), dtype)
+        data = data.map_blocks(cast_block, dtype, fill, data.name, dtype=dtype, meta=meta)
     else:
         data = cast_block(np.asarray(data), dtype, fill)
     cast = out.copy(data=data)
@@ -370,8 +414,14 @@ def cast_stored(out: xr.DataArray, dtype: np.dtype) -> xr.DataArray:
     return cast
 
 
-def cast_block(block: np.ndarray, dtype: np.dtype, fill: Any = None) -> np.ndarray:
-    """Cast one block: NaN to ``fill``, round (integers), clip to ``dtype``'s range, cast."""
+def cast_block(
+    block: np.ndarray, dtype: np.dtype, fill: Any = None, label: str | None = None
+) -> np.ndarray:
+    """Cast one block: NaN to ``fill``, round (integers), clip to ``dtype``'s range, cast.
+
+    Valid cells that round to ``fill`` are counted (:func:`warn_collisions`; ``label``
+    names a lazy output, which warns once).
+    """
     if block.dtype.kind == "c" and dtype.kind != "c":
         raise PredictionError(
             f"out_dtype={str(dtype)!r} would drop the imaginary part of a complex result; "
@@ -384,6 +434,9 @@ def cast_block(block: np.ndarray, dtype: np.dtype, fill: Any = None) -> np.ndarr
             check_exact_integers(block, dtype)
         if block.dtype.kind == "f":
             nan = np.isnan(block)
+            if fill is not None:
+                valid = ~nan & (np.rint(block) == fill)
+                warn_collisions(int(np.count_nonzero(valid)), fill, label)
             if nan.any():
                 if fill is None:
                     raise PredictionError(

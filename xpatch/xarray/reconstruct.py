@@ -34,7 +34,6 @@ from xpatch.xarray.encoding import (
     VALUE_ENCODING_ATTRS,
     mask_input_nodata,
     missing_as_nan,
-    needs_nodata,
     reconstructed,
 )
 from xpatch.xarray.georef import grid_mapping_name
@@ -286,10 +285,13 @@ def label_variable(
 ) -> xr.Variable:
     """``reduce="argmax"``: the index of the largest blended score along ``pred``'s class dim.
 
-    The labels are the smallest unsigned integer dtype that holds them when every
-    cell has one (patches cover it and the input has no nodata); otherwise
-    float64 with NaN where a cell has none. Attributes that say how to read
-    stored values (the input's nodata) are not the labels' and are dropped.
+    The labels are in the smallest unsigned integer dtype that holds them and one
+    value more, its largest, for the cells that have no label (its ``_FillValue``):
+    uncovered, nodata in the input, or scores all NaN (NaN predictions, or weights
+    all 0 there). Predictions may hold NaN anywhere, so the value is kept even
+    where the patches cover every cell. Attributes that say how to read stored
+    values (the input's nodata, which a class may take) are not the labels' and
+    are dropped.
     """
     lead = [d for d in pred.dims if d != PATCH_DIM and d not in layout.dims]
     if len(lead) != 1:
@@ -302,9 +304,11 @@ def label_variable(
     scores = mask_input_nodata(scores, template, resampler(grid))
     data = ARGMAX.finalize(scores.data, axis=scores.dims.index(dim))
     labels = xr.Variable([d for d in scores.dims if d != dim], data)
-    if not needs_nodata(layout.plan, template):
-        labels = labels.astype(label_dtype(pred.sizes[dim]))
+    dtype = label_dtype(pred.sizes[dim] + 1)
+    no_label = int(np.iinfo(dtype).max)
+    labels = labels.fillna(no_label).astype(dtype)
     labels.attrs = {k: v for k, v in attrs.items() if k not in VALUE_ENCODING_ATTRS}
+    labels.attrs["_FillValue"] = no_label
     return labels
 
 
@@ -356,9 +360,10 @@ def reconstruct(
         class scores: blended as the ``"mean"``, then each cell takes the index
         of the largest score along the predictions' one dim besides ``"patch"``
         and the patched dims (e.g. ``"class"``), which the result drops: labels
-        in the smallest unsigned integer dtype that holds them (uint8 up to 256
-        classes) when every cell has one, else float64 with NaN where a cell is
-        uncovered or the input has no data. Ties go to the first index.
+        in the smallest unsigned integer dtype that holds them and one value
+        more (uint8 up to 255 classes), its largest, the ``_FillValue`` of the
+        cells that have none (uncovered, nodata in the input, scores all NaN or
+        weighed 0). Ties go to the first index.
     weights
         Weights from the model multiplied into the window, e.g. ``1 / variance``:
         per patch (a DataArray with dim ``"patch"``, or an array of shape
