@@ -343,3 +343,31 @@ def test_checkpoints_through_worker_processes_resume_or_are_refused():
     with pytest.raises(xpatch.OptionError, match=src.fingerprint):
         next(refusing)
     refusing.close()
+
+
+@pytest.mark.parametrize(
+    "change",
+    [{"seed": 8}, {"shard": 1}, {"batch": 3}, {"workers": 3}],
+    ids=["seed", "shard", "batch", "dealing"],
+)
+def test_a_checkpoint_refuses_a_pipeline_that_orders_the_elements_otherwise(change):
+    # chunk_shuffle's seed and shard_options were never checked: a restore served other
+    # elements at the same position.
+    da_ = xr.DataArray(np.arange(64.0 * 64).reshape(64, 64), dims=("y", "x")).chunk(16)
+    src = da_.patch(y=8, x=8).to_grain()
+
+    def pipeline(seed=7, shard=0, batch=4, workers=2):
+        options = grain.sharding.ShardOptions(shard_index=shard, shard_count=2)
+        shuffled = grain.MapDataset.source(src).pipe(
+            src.chunk_shuffle, seed=seed, shard_options=options, worker_count=workers,
+            batch_size=batch,
+        )  # fmt: skip
+        return shuffled.batch(batch).to_iter_dataset().pipe(src.with_fingerprint)
+
+    iterator = iter(pipeline())
+    next(iterator)
+    state = iterator.get_state()
+    again = iter(pipeline())
+    again.set_state(state)  # the same pipeline resumes
+    with pytest.raises(xpatch.OptionError, match=r"another\s+pipeline"):
+        iter(pipeline(**change)).set_state(state)

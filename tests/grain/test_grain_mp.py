@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import xarray as xr
 
-import xpatch  # noqa: F401  (registers .patch)
+import xpatch
 
 grain = pytest.importorskip("grain")
 
@@ -107,3 +107,29 @@ def test_a_geotiff_opened_with_chunks_reopens_in_each_worker(tmp_path):
     first = single[0][0][0]
     y, x = np.asarray(src.patcher.anchors())[first]
     np.testing.assert_array_equal(src[first]["data"], values[:, y : y + 24, x : x + 24])
+
+
+def test_a_checkpoint_refuses_another_number_of_workers_with_an_xpatch_error(zarr_scene):
+    # After mp_prefetch the fingerprint lost the pipeline's shape: a restore into another
+    # worker count raised Grain's IndexError or KeyError, or served other elements.
+    src = zarr_scene.patch(y=24, x=24, stride=16).to_grain()
+
+    def pipeline(workers: int):
+        shuffled = src.chunk_shuffle(seed=4, worker_count=workers, batch_size=4).batch(4)
+        options = grain.MultiprocessingOptions(num_workers=workers)
+        return shuffled.to_iter_dataset().mp_prefetch(options).pipe(src.with_fingerprint)
+
+    iterator = iter(pipeline(2))
+    head = batches(iterator, count=2)
+    state = iterator.get_state()
+    tail = batches(iterator)
+    iterator.close()
+    assert state["xpatch_order"].startswith("workers=2;batch=4;chunk_shuffle(seed=4")
+    other = iter(pipeline(3))
+    with pytest.raises(xpatch.OptionError, match="number of mp_prefetch workers"):
+        other.set_state(state)
+    other.close()
+    same = iter(pipeline(2))
+    same.set_state(state)
+    assert batches(same) == tail and len(head) == 2
+    same.close()

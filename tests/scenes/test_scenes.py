@@ -269,14 +269,15 @@ def test_a_checkpoint_names_the_worker_count_it_was_dealt_to():
     iterator = iter(pipeline(2))
     next(iterator)
     state = iterator.get_state()
-    assert state["xpatch_fingerprint"] == src.fingerprint + "/workers=2,batch=4"
+    assert state["xpatch_fingerprint"] == src.fingerprint
+    assert state["xpatch_order"] == "batch=4;chunk_shuffle(seed=0,workers=2,batch=4)"
     with pytest.raises(xpatch.OptionError, match="worker_count or batch_size"):
         iter(pipeline(3)).set_state(state)
     restored = iter(pipeline(2))
     restored.set_state(state)
     assert next(restored)["index"].tolist() == next(iterator)["index"].tolist()
-    # A pipeline that deals to one worker keeps the source's fingerprint alone.
-    assert iter(pipeline(1)).get_state()["xpatch_fingerprint"] == src.fingerprint
+    # A pipeline that deals to one worker says so by leaving the dealing out.
+    assert iter(pipeline(1)).get_state()["xpatch_order"] == "batch=4;chunk_shuffle(seed=0)"
 
 
 def test_scenes_whose_dims_come_in_other_orders_are_refused():

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 import grain
 import numpy as np
+from dask.base import tokenize
 
 from xpatch.core.errors import OptionError
 from xpatch.core.shuffle import (
@@ -46,6 +47,8 @@ class ShuffledSource(Protocol):
 FINGERPRINT_KEY = "xpatch_fingerprint"
 LAYOUT_KEY = "xpatch_layout"
 PIPELINE_KEY = "pipeline"
+#: Key of what orders the patches in the pipeline (:func:`pipeline_order`), beside them.
+ORDER_KEY = "xpatch_order"
 
 #: Longest layout description kept in a state: explicit anchors print long, and a
 #: state placed before ``mp_prefetch`` travels with every element.
@@ -173,6 +176,22 @@ class ChunkShuffleMapDataset(grain.MapDataset):
         """``(worker_count, batch_size)`` the epochs are dealt to."""
         return self._dealt
 
+    def signature(self) -> str:
+        """Return the seed, the shard and the dealing: what decides this shuffle's order.
+
+        Examples
+        --------
+        >>> parent = grain.MapDataset.range(4)
+        >>> ChunkShuffleMapDataset(parent, groups=np.zeros(4), seed=7).signature()
+        'chunk_shuffle(seed=7)'
+        """
+        shard = ""
+        if not np.array_equal(self._members, np.arange(len(self._parent))):
+            shard = f",shard={tokenize(self._members)[:8]}"
+        workers, batch = self._dealt
+        dealt = f",workers={workers},batch={batch}" if workers > 1 else ""
+        return f"chunk_shuffle(seed={self._seed}{shard}{dealt})"
+
     def __str__(self) -> str:
         return f"ChunkShuffleMapDataset(seed={self._seed})"
 
@@ -223,40 +242,67 @@ class ChunkShuffleMapDataset(grain.MapDataset):
         return self._parent._getitems([self._shuffled_index(i) for i in indices])
 
 
-def dealt_suffix(dataset: Any) -> str:
-    """``"/workers=W,batch=B"`` for a pipeline whose chunk shuffle deals to ``W > 1`` workers.
+def pipeline_order(dataset: Any) -> str:
+    """Return what of a pipeline decides which element comes where: its shuffle and shape.
 
-    That order depends on ``W`` and ``B``: a checkpoint resumed under others would
-    continue at the same position of another order. Empty otherwise, so that the
-    states of other pipelines keep the source's fingerprint alone.
+    A checkpoint is a position; restored into a pipeline that orders the elements
+    otherwise (another seed or shard of :meth:`~xpatch.grain.base.Source.chunk_shuffle`,
+    its ``worker_count`` or ``batch_size``, another ``.batch``, another number of
+    ``mp_prefetch`` workers), it would continue at the same position of other
+    elements, or fail inside Grain. Empty for a pipeline with none of them.
+
+    The pipeline is walked through each dataset's parents and the datasets its
+    attributes hold (``mp_prefetch`` keeps its workers' pipelines in a list).
     """
-    stack, seen = [dataset], set()
-    while stack:
-        node = stack.pop()
+    parts: list[str] = []
+    seen: set[int] = set()
+    queue = [dataset]
+    while queue:
+        node = queue.pop(0)
         if id(node) in seen:
             continue
         seen.add(id(node))
-        if isinstance(node, ChunkShuffleMapDataset) and node.dealt[0] > 1:
-            return f"/workers={node.dealt[0]},batch={node.dealt[1]}"
-        stack.extend(getattr(node, "parents", ()))
-    return ""
+        if isinstance(node, ChunkShuffleMapDataset):
+            parts.append(node.signature())
+        size = getattr(node, "_batch_size", None)
+        if isinstance(size, int) and not isinstance(size, bool):
+            parts.append(f"batch={size}")
+        queue.extend(getattr(node, "parents", ()))
+        for value in vars(node).values():
+            if _is_dataset(value):
+                queue.append(value)
+            elif isinstance(value, list | tuple) and value and all(map(_is_dataset, value)):
+                if len(value) > 1:
+                    parts.append(f"workers={len(value)}")
+                queue.extend(value)
+    # Parallel workers' pipelines repeat each other's parts: one of each, in order.
+    return ";".join(dict.fromkeys(parts))
+
+
+def _is_dataset(value: object) -> bool:
+    return isinstance(value, grain.MapDataset | grain.IterDataset)
 
 
 class FingerprintIterDataset(grain.IterDataset):
     """An ``IterDataset`` whose iterator state carries a source's fingerprint.
 
-    ``get_state()`` is ``{"xpatch_fingerprint": ..., "xpatch_layout": ...,
-    "pipeline": <the parent's state>}`` (strings and the parent's state, so it
-    stays JSON-serialisable for Orbax); ``set_state`` raises
-    :class:`~xpatch.OptionError` for a state saved from a source with another
-    fingerprint, or without one, before touching the parent. Build it with
+    ``get_state()`` is ``{"xpatch_fingerprint": ..., "xpatch_order": ...,
+    "xpatch_layout": ..., "pipeline": <the parent's state>}`` (strings and the
+    parent's state, so it stays JSON-serialisable for Orbax): the source, what
+    orders its patches in the pipeline (:func:`pipeline_order`), and the position.
+    ``set_state`` raises :class:`~xpatch.OptionError` for a state saved from a
+    source with another fingerprint, or without one, or from a pipeline that
+    orders the patches otherwise, before touching the parent. Build it with
     :meth:`xpatch.grain.base.Source.with_fingerprint`.
     """
 
-    def __init__(self, parent: grain.IterDataset, fingerprint: str, layout: str) -> None:
+    def __init__(
+        self, parent: grain.IterDataset, fingerprint: str, layout: str, order: str = ""
+    ) -> None:
         super().__init__(parent)
         self._fingerprint = fingerprint
         self._layout = layout
+        self._order = order
 
     @classmethod
     def wrap(cls, dataset: Any, source: ShuffledSource) -> FingerprintIterDataset:
@@ -272,21 +318,30 @@ class FingerprintIterDataset(grain.IterDataset):
                 f"with_fingerprint got a {type(dataset).__name__}; pass a grain.IterDataset, "
                 "e.g. grain.MapDataset.source(src).to_iter_dataset()."
             )
-        fingerprint = source.fingerprint + dealt_suffix(dataset)
-        if isinstance(dataset, cls) and dataset.fingerprint == fingerprint:
+        fingerprint, order = source.fingerprint, pipeline_order(dataset)
+        if isinstance(dataset, cls) and (dataset.fingerprint, dataset.order) == (
+            fingerprint,
+            order,
+        ):
             return dataset
         layout = f"{source.patcher!r}, variables {source.variables}"
         if len(layout) > LAYOUT_CHARS:
             layout = layout[: LAYOUT_CHARS - 3] + "..."
-        return cls(dataset, fingerprint, layout)
+        return cls(dataset, fingerprint, layout, order)
 
     @property
     def fingerprint(self) -> str:
-        """The fingerprint the states of this dataset's iterators carry."""
+        """The source's fingerprint the states of this dataset's iterators carry."""
         return self._fingerprint
 
+    @property
+    def order(self) -> str:
+        """What orders the patches in this pipeline (:func:`pipeline_order`)."""
+        return self._order
+
     def __iter__(self) -> grain.DatasetIterator:
-        return _FingerprintIterator(self._parent.__iter__(), self._fingerprint, self._layout)
+        parent = self._parent.__iter__()
+        return _FingerprintIterator(parent, self._fingerprint, self._layout, self._order)
 
     def __str__(self) -> str:
         return f"FingerprintIterDataset(fingerprint={self._fingerprint})"
@@ -297,10 +352,13 @@ class _FingerprintIterator(grain.DatasetIterator):
 
     _MUTATES_ELEMENT_SPEC = False
 
-    def __init__(self, parent: grain.DatasetIterator, fingerprint: str, layout: str) -> None:
+    def __init__(
+        self, parent: grain.DatasetIterator, fingerprint: str, layout: str, order: str
+    ) -> None:
         super().__init__(parent)
         self._fingerprint = fingerprint
         self._layout = layout
+        self._order = order
 
     def __next__(self) -> Any:
         return next(self._parent)
@@ -308,6 +366,7 @@ class _FingerprintIterator(grain.DatasetIterator):
     def get_state(self) -> dict[str, Any]:
         return {
             FINGERPRINT_KEY: self._fingerprint,
+            ORDER_KEY: self._order,
             LAYOUT_KEY: self._layout,
             PIPELINE_KEY: self._parent.get_state(),
         }
@@ -329,7 +388,7 @@ class _FingerprintIterator(grain.DatasetIterator):
                 f"set_state: the checkpoint was saved from an xpatch source with fingerprint "
                 f"{saved!r} and this pipeline reads one with fingerprint {self._fingerprint!r}: "
                 "another layout (size, stride, window, boundary, sampler, anchors, pad_value, "
-                "pad_mode, variables, transform, chunk_shuffle's worker_count or batch_size, "
+                "pad_mode, variables, transform, "
                 "or a cache_bytes or xpatch release that "
                 "orders chunk_shuffle's straddling patches otherwise) or other data, so "
                 "resuming would continue at the "
@@ -338,6 +397,19 @@ class _FingerprintIterator(grain.DatasetIterator):
                 "as it was saved (the same data and the same patch(...) and to_grain(...) "
                 "arguments); to train on this source, start its pipeline from the beginning "
                 "(no set_state)."
+            )
+        # A state without the order (hand-made from Grain's, as the message above says,
+        # or saved before xpatch recorded it) is taken as this pipeline's own.
+        saved_order = state.get(ORDER_KEY, self._order)
+        if saved_order != self._order:
+            raise OptionError(
+                "set_state: the checkpoint was saved from a pipeline that orders the patches "
+                f"as {saved_order or 'the source does'!r} and this one orders them as "
+                f"{self._order or 'the source does'!r}: another pipeline (chunk_shuffle's "
+                "seed, shard_options, worker_count or batch_size, another .batch, or another "
+                "number of mp_prefetch workers), so resuming would continue at the same "
+                "position of other patches, or fail inside Grain. Rebuild the pipeline as it "
+                "was saved; to train with this one, start it from the beginning (no set_state)."
             )
         self._parent.set_state(state[PIPELINE_KEY])
 
