@@ -399,8 +399,7 @@ def cast_stored(out: xr.DataArray, dtype: np.dtype) -> xr.DataArray:
         fill = None
     data = out.data
     if isinstance(data, da.Array):
-        meta = np.array((), dtype)
-        data = data.map_blocks(cast_block, dtype, fill, data.name, dtype=dtype, meta=meta)
+        data = data.map_blocks(cast_block, dtype, fill, dtype=dtype, meta=np.array((), dtype))
     else:
         data = cast_block(np.asarray(data), dtype, fill)
     cast = out.copy(data=data)
@@ -414,14 +413,8 @@ def cast_stored(out: xr.DataArray, dtype: np.dtype) -> xr.DataArray:
     return cast
 
 
-def cast_block(
-    block: np.ndarray, dtype: np.dtype, fill: Any = None, label: str | None = None
-) -> np.ndarray:
-    """Cast one block: NaN to ``fill``, round (integers), clip to ``dtype``'s range, cast.
-
-    Valid cells that round to ``fill`` are counted (:func:`warn_collisions`; ``label``
-    names a lazy output, which warns once).
-    """
+def cast_block(block: np.ndarray, dtype: np.dtype, fill: Any = None) -> np.ndarray:
+    """Cast one block: NaN to ``fill``, round (integers), clip to ``dtype``'s range, cast."""
     if block.dtype.kind == "c" and dtype.kind != "c":
         raise PredictionError(
             f"out_dtype={str(dtype)!r} would drop the imaginary part of a complex result; "
@@ -434,9 +427,6 @@ def cast_block(
             check_exact_integers(block, dtype)
         if block.dtype.kind == "f":
             nan = np.isnan(block)
-            if fill is not None:
-                valid = ~nan & (np.rint(block) == fill)
-                warn_collisions(int(np.count_nonzero(valid)), fill, label)
             if nan.any():
                 if fill is None:
                     raise PredictionError(

@@ -170,7 +170,7 @@ class Layout(Generic[T]):
         variables = patched_variables(obj, dims)
         if not variables:
             raise DimensionError(
-                f"no data variable of the Dataset has any of the patched dimensions {dims!r}."
+                f"no data variable of the Dataset has any of the patched dimensions {list(dims)!r}."
             )
         boundary = options.boundary
         geometry = Geometry.build({d: obj.sizes[d] for d in dims}, size, stride, boundary)
