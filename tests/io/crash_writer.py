@@ -54,6 +54,8 @@ SLEEP = 0.015
 
 #: Where a writer can kill itself; see :func:`install_kill`.
 KILL_POINTS = (
+    "lock-link",  # the lock's temporary copy is written, not yet linked into place
+    "takeover",  # a stale lock taken over (claimed and removed), this writer's not created
     "creating",  # the record says "creating", nothing created yet
     "zarr-key",  # inside to_zarr(compute=False), after its --at-th key
     "geotiff-create",  # inside the creation of partial.tif (opened for writing, not closed)
@@ -268,6 +270,26 @@ def install_kill(point: str, at: int) -> None:
             die()
 
         record.WriterLock.release = release
+
+    if point == "lock-link":
+        link = os.link
+
+        def link_or_die(source, target, *args, **kwargs):
+            if str(target).endswith("lock.json"):
+                die()
+            return link(source, target, *args, **kwargs)
+
+        os.link = link_or_die
+
+    if point == "takeover":
+        take_over = record.WriterLock._take_over
+
+        def take_over_then_die(self, info):
+            if take_over(self, info):
+                die()
+            return False
+
+        record.WriterLock._take_over = take_over_then_die
 
 
 class Writer:

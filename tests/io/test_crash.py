@@ -4,7 +4,8 @@ Each case starts :mod:`tests.io.crash_writer` in a subprocess, kills it (SIGKILL
 a random delay within an uninterrupted run's duration, or SIGKILL from inside at
 a chosen point of the write), checks what the kill left (a final path holds a
 complete output or nothing that looks complete), reruns the same write in this
-process with ``break_lock=True`` and checks that the rerun completes to the
+process as the user would, with no extra flag (the killed writer's lock is taken
+over, with a warning naming it), and checks that the rerun completes to the
 uninterrupted output bit for bit, or refuses with an XPatchError saying what to do.
 
 Writers are started ahead (they import while the previous case runs) and wait
@@ -18,6 +19,7 @@ import json
 import signal
 import sys
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -235,18 +237,18 @@ def wait_for_state(path: Path, fmt: str, state: str, writer: Writer, timeout: fl
 
 def rerun(path: Path, fmt: str, state: str, found: int) -> Outcome:
     lazy = crash_writer.result("a", geo=fmt == "geotiff")
-    if (record_folder(path, fmt) / "lock.json").exists():
-        # The killed writer's lock: named as such, and taken over only when asked.
-        with pytest.raises(xpatch.OutputLockedError) as caught:
-            xpatch.write(lazy, path, progress=False)
-        message = str(caught.value)
-        assert "no longer runs" in message and "break_lock=True" in message, message
+    locked = (record_folder(path, fmt) / "lock.json").exists()
     try:
-        written = xpatch.write(lazy, path, progress=False, break_lock=True)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            written = xpatch.write(lazy, path, progress=False)
     except xpatch.OutputExistsError as error:
         return Outcome(Case(), state, found, "exists", message=str(error))
     except xpatch.XPatchError as error:
         return Outcome(Case(), state, found, "refused", message=f"{type(error).__name__}: {error}")
+    # The killed writer's lock was taken over by the plain rerun, which said so.
+    takeovers = [str(w.message) for w in caught if "took over the lock" in str(w.message)]
+    assert len(takeovers) == locked and all("no longer runs" in m for m in takeovers), takeovers
     # A resumed run writes exactly the blocks without a marker.
     want = {"none": BLOCKS, "creating": BLOCKS, "writing": BLOCKS - found, "finishing": 0}
     assert written == want[state], (state, found, written)
@@ -263,10 +265,9 @@ def check_rerun(path: Path, fmt: str, outcome: Outcome, reference: dict) -> None
     else:
         assert outcome.state == "complete" or outcome.rerun == "written", outcome
     assert_same_output(path, fmt, reference)
-    # Nothing of the run is left: no record, markers or lock (stray temporaries aside).
+    # Nothing of the run is left: no record, markers, lock, claim or temporary copy.
     folder = record_folder(path, fmt)
-    left = [p for p in folder.rglob("*") if p.is_file()] if folder.exists() else []
-    assert all(p.name.endswith(".tmp") for p in left), left
+    assert not folder.exists(), sorted(p.name for p in folder.rglob("*"))
 
 
 def run_case(case: Case, writer: Writer, fmt: str, reference: dict) -> Outcome:
@@ -316,6 +317,7 @@ def run_cases(cases: list[Case], fmt: str, folder: Path, reference: dict, ahead:
 
 #: What each kill point leaves, and what the rerun does: (state, rerun).
 EXPECTED = {
+    "lock-link": ("none", "written"),
     "creating": ("creating", "written"),
     "zarr-key": ("creating", "written"),
     "geotiff-create": ("creating", "written"),
@@ -367,6 +369,7 @@ def random_cases(fmt: str, times: dict, count: int, seed: int) -> list[Case]:
 
 NARROW = {
     "zarr": [
+        Case("lock-link"),
         Case("creating"),
         Case("zarr-key", 1),  # the root group's metadata
         Case("zarr-key", 3),  # y's metadata, not its values
@@ -383,6 +386,7 @@ NARROW = {
         Case("release"),
     ],
     "geotiff": [
+        Case("lock-link"),
         Case("creating"),
         Case("geotiff-create"),
         Case("created"),
@@ -400,7 +404,7 @@ NARROW = {
 #: The narrow windows of the default run (with one random kill): issue 11's creation and
 #: record removal, and a block stored without its marker.
 DEFAULT = {
-    "zarr": [Case("zarr-key", 5), Case("marker", 5), Case("remove")],
+    "zarr": [Case("lock-link"), Case("zarr-key", 5), Case("marker", 5), Case("remove")],
     "geotiff": [Case("geotiff-create"), Case("marker", 5)],
 }
 
@@ -452,7 +456,7 @@ def test_reruns_killed_in_turn_still_converge_to_the_output(fmt, tmp_path, refer
     rng = np.random.default_rng([4, len(fmt)])
     times = timeline(fmt)
     delays = rng.uniform(0.3, 0.6, 3) * times["done"] * np.array([1.0, 0.6, 0.3])
-    writers = [Writer(path, fmt, "--break-lock") for _ in delays]
+    writers = [Writer(path, fmt) for _ in delays]  # each takes the last one's lock over
     states = []
     try:
         for number, (writer, delay) in enumerate(zip(writers, delays)):
@@ -476,6 +480,27 @@ def test_reruns_killed_in_turn_still_converge_to_the_output(fmt, tmp_path, refer
     outcome = rerun(path, fmt, state, found)
     check_rerun(path, fmt, outcome, reference)
     assert outcome.rerun in ("written", "exists"), (states, outcome)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_writer_killed_while_taking_a_lock_over_leaves_nothing_in_the_way(
+    fmt, tmp_path, references
+):
+    # One writer killed among its blocks; the next killed just after it claimed and
+    # removed that lock, before creating its own; a plain third run finishes, and
+    # nothing of the three (lock, claim, temporary copies) stays in the output.
+    needs(fmt)
+    path = tmp_path / f"o{SUFFIX[fmt]}"
+    for options in (["--kill", "marker", "--at", "5"], ["--kill", "takeover"]):
+        code, _, err = run_writer(path, fmt, *options)
+        assert code == -signal.SIGKILL, f"{options}: the writer exited {code}: {err[-2000:]}"
+    claims = list(record_folder(path, fmt).glob("lock.json.takeover-*"))
+    assert len(claims) == 1 and not (record_folder(path, fmt) / "lock.json").exists(), claims
+    state, found = inspect_kill(path, fmt, references(fmt))
+    assert (state, found) == ("writing", 5)
+    outcome = rerun(path, fmt, state, found)
+    check_rerun(path, fmt, outcome, references(fmt))
+    assert outcome.rerun == "written", outcome
 
 
 @pytest.mark.parametrize(

@@ -11,6 +11,7 @@ import shutil
 import signal
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -272,10 +273,14 @@ def run_writer(folder: Path, fmt: str, *options: str, delay: float | None = None
 def resume_and_check(folder: Path, fmt: str, reference: dict) -> int:
     expected = remaining_blocks(folder, fmt)
     lazy = results(geo=fmt == "geotiff")
-    if (folder / MANIFEST_FOLDER / "lock.json").exists():
-        with pytest.raises(xpatch.OutputLockedError, match=r"no longer runs.*break_lock=True"):
-            xpatch.write(lazy, folder, format=fmt, progress=False)
-    written = xpatch.write(lazy, folder, format=fmt, progress=False, break_lock=True)
+    locked = (folder / MANIFEST_FOLDER / "lock.json").exists()
+    # A plain rerun, as after an OOM kill: the killed writer's locks are taken over.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        written = xpatch.write(lazy, folder, format=fmt, progress=False)
+    takeovers = [str(w.message) for w in caught if "took over the lock" in str(w.message)]
+    assert all("no longer runs" in message for message in takeovers), takeovers
+    assert bool(takeovers) >= locked, "the killed writer's lock was not reported"
     assert written == expected
     assert_scenes(folder, fmt, reference)
     return written
@@ -358,3 +363,16 @@ def test_a_mapping_of_scenes_is_not_written_to_a_file_name(tmp_path, suffix):
     with pytest.raises(xpatch.OptionError, match="written into a folder"):
         xpatch.write(results, tmp_path / f"out{suffix}", progress=False)
     assert not (tmp_path / f"out{suffix}").exists()
+
+
+def test_force_does_not_keep_a_finished_scene_of_another_shape_or_dtype(tmp_path):
+    # resume="force" kept finished scenes of the old dtype, marked them done, returned 0;
+    # a single output refuses the same change.
+    scenes = {"a": xr.DataArray(np.arange(64.0).reshape(8, 8), dims=("y", "x")).chunk(4)}
+    sp = xpatch.patch_scenes(scenes, y=4, x=4)
+    assert xpatch.write(sp.apply(lambda b: b * 2), tmp_path, progress=False) == 4
+    as_int = sp.apply(lambda b: b * 2, out_dtype="int16")
+    with pytest.raises(xpatch.OutputError, match=r"another layout.*dtype"):
+        xpatch.write(as_int, tmp_path, resume="force", progress=False)
+    assert xr.open_zarr(tmp_path / "a.zarr")["data"].dtype == np.float64  # untouched
+    assert xpatch.write(as_int, tmp_path, overwrite=True, progress=False) == 4

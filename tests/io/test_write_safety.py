@@ -468,36 +468,33 @@ def dead_pid() -> int:
     return process.pid
 
 
-def test_the_lock_of_a_killed_writer_is_named_and_taken_over_only_when_asked(lazy, tmp_path):
+def test_the_lock_of_a_killed_writer_is_taken_over_by_a_plain_rerun_saying_whose(lazy, tmp_path):
+    # An OOM kill or a scheduler's time limit: the writer provably no longer runs.
     path = tmp_path / "o.zarr"
     done = interrupted(lazy, path)
     pid = dead_pid()
-    lock = plant_lock(path, pid=pid)
+    plant_lock(path, pid=pid)
 
-    with pytest.raises(xpatch.OutputLockedError) as caught:
-        resume(applied(lazy), path)
-    message = str(caught.value)
+    with pytest.warns(UserWarning, match="took over the lock") as caught:
+        assert resume(applied(lazy), path) == BLOCKS - len(done)
+    message = str(caught[0].message)
     assert str(pid) in message and "no longer runs" in message, message
-    assert "break_lock=True" in message, message
-    assert lock.exists()
-    assert markers(path) == done
-
-    assert resume(applied(lazy), path, break_lock=True) == BLOCKS - len(done)
+    assert caught[0].filename == __file__  # the warning points at the caller's line
     assert_written(path, expected(lazy))
+    assert not progress_record(path).exists()  # no claim nor lock left behind
 
 
-def test_a_lock_whose_pid_was_reused_by_another_process_is_stale(lazy, tmp_path):
+def test_a_lock_whose_pid_was_reused_by_another_process_is_taken_over(lazy, tmp_path):
     # Same machine, the pid runs, but it is another process (started at another time).
     path = tmp_path / "o.zarr"
     plant_lock(path, pid=os.getpid(), pid_start="0")
-    with pytest.raises(xpatch.OutputLockedError, match="no longer runs"):
-        resume(lazy, path)
-    assert resume(lazy, path, break_lock=True) == BLOCKS
+    with pytest.warns(UserWarning, match="took over the lock.*no longer runs"):
+        assert resume(lazy, path) == BLOCKS
     assert_written(path, lazy.values)
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
-def test_the_lock_of_a_killed_writer_not_yet_reaped_is_stale(lazy, tmp_path):
+def test_the_lock_of_a_killed_writer_not_yet_reaped_is_taken_over(lazy, tmp_path):
     # SIGKILLed, but its parent has not waited for it yet: a zombie runs no code.
     process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
@@ -510,13 +507,45 @@ def test_the_lock_of_a_killed_writer_not_yet_reaped_is_stale(lazy, tmp_path):
             time.sleep(0.01)
         path = tmp_path / "o.zarr"
         plant_lock(path, pid=process.pid, pid_start=started)
-        with pytest.raises(xpatch.OutputLockedError, match="no longer runs"):
-            resume(lazy, path)
-        assert resume(lazy, path, break_lock=True) == BLOCKS
+        with pytest.warns(UserWarning, match="took over the lock.*no longer runs"):
+            assert resume(lazy, path) == BLOCKS
         assert_written(path, lazy.values)
     finally:
         process.kill()
         process.wait()
+
+
+def test_one_of_two_writers_takes_over_a_killed_writers_lock(lazy, tmp_path):
+    # Both find the same stale lock; the takeover is claimed exclusively, so the
+    # loser finds the winner's live lock instead of removing it.
+    path = tmp_path / "o.zarr"
+    plant_lock(path, pid=dead_pid())
+    folder = str(progress_record(path))
+    first = WriterLock(LocalFileSystem(), folder, str(path))
+    second = WriterLock(LocalFileSystem(), folder, str(path))
+    stale = first.holder()
+    assert first._take_over(stale) is True
+    assert second._take_over(stale) is False  # the claim is taken: the lock stays
+    first._acquire(break_lock=False)
+    first._forget_takeover()
+    try:
+        with pytest.raises(xpatch.OutputLockedError, match="another writer"):
+            second.acquire()
+        first.check_held()
+    finally:
+        first.release()
+    assert sorted(p.name for p in Path(folder).iterdir()) == []
+
+
+def test_a_claim_left_by_a_writer_killed_while_taking_over_is_cleared(lazy, tmp_path):
+    path = tmp_path / "o.zarr"
+    stale = json.loads(plant_lock(path, pid=dead_pid()).read_text())
+    claim = progress_record(path) / f"lock.json.takeover-{stale['owner']}"
+    claim.write_text(json.dumps({**stale, "owner": "killed-claimer", "pid": dead_pid()}))
+    with pytest.warns(UserWarning, match="took over the lock"):
+        assert resume(lazy, path) == BLOCKS
+    assert_written(path, lazy.values)
+    assert not progress_record(path).exists()
 
 
 def test_a_live_writers_lock_is_never_taken(lazy, tmp_path):

@@ -4,6 +4,9 @@ Every error is a :class:`ValueError` subclass, so ``except ValueError`` keeps
 working, and every message names the argument, the value given and the fix.
 """
 
+import sys
+import warnings
+
 
 class XPatchError(ValueError):
     """Base class of every error xpatch raises on bad input."""
@@ -47,3 +50,25 @@ class UncoveredCellsWarning(UserWarning):
 
 class NodataCollisionWarning(UserWarning):
     """Valid results hold the output's nodata value: they would read as missing."""
+
+
+def warn(message: str, category: type[Warning] = UserWarning) -> None:
+    """Warn about ``message`` at the caller's line, the first frame outside xpatch.
+
+    A fixed ``stacklevel`` points into xpatch whenever the call depth changes (a
+    method called from another entry point); the caller's line is what a user
+    can act on.
+
+    Examples
+    --------
+    >>> import warnings
+    >>> with warnings.catch_warnings(record=True) as caught:
+    ...     warnings.simplefilter("always")
+    ...     warn("the earlier run wrote nothing")
+    >>> str(caught[0].message)
+    'the earlier run wrote nothing'
+    """
+    frame, level = sys._getframe(1), 2  # stacklevel 1 is this function
+    while frame is not None and frame.f_globals.get("__name__", "").startswith("xpatch."):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, category, stacklevel=level)

@@ -32,9 +32,12 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import quote
 
-from xpatch.core.errors import OutputError, OutputLockedError
+from xpatch.core.errors import OutputError, OutputLockedError, warn
 
 RecordState = Literal["creating", "writing", "finishing"]
+
+#: What :meth:`WriterLock.holder_state` says of a lock's writer.
+Holder = Literal["alive", "gone", "silent"]
 
 #: The format of ``record.json``; a record of another format is refused.
 RECORD_FORMAT = 1
@@ -62,7 +65,7 @@ def put_atomically(fs: Any, path: str, data: bytes) -> None:
     if not is_local(fs):
         fs.pipe_file(path, data)
         return
-    temporary = f"{path}.{uuid.uuid4().hex}.tmp"
+    temporary = _temporary_name(path)
     Path(temporary).write_bytes(data)
     os.replace(temporary, path)
 
@@ -76,7 +79,7 @@ def create_exclusively(fs: Any, path: str, data: bytes) -> None:
     if not is_local(fs):
         fs.pipe_file(path, data, mode="create")
         return
-    temporary = f"{path}.{uuid.uuid4().hex}.tmp"
+    temporary = _temporary_name(path)
     Path(temporary).write_bytes(data)
     try:
         os.link(temporary, path)
@@ -84,17 +87,32 @@ def create_exclusively(fs: Any, path: str, data: bytes) -> None:
         os.unlink(temporary)
 
 
+def _temporary_name(path: str) -> str:
+    """Return a name for a temporary copy of ``path`` that says which process writes it."""
+    return f"{path}.{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex}.tmp"
+
+
+def _writer_gone(temporary: Path, path: str) -> bool:
+    """Tell whether the process of this machine that wrote ``temporary`` no longer runs."""
+    ours = f"{Path(path).name}.{socket.gethostname()}-"
+    if not temporary.name.startswith(ours):
+        return False  # another machine's, or another naming: judged by its age alone
+    pid = temporary.name[len(ours) :].partition("-")[0]
+    return pid.isdigit() and not _process_exists(int(pid))
+
+
 def remove_leftovers(fs: Any, path: str, older_than: float = 0.0) -> None:
     """Remove temporary files that a kill left beside ``path`` (see :func:`put_atomically`).
 
-    Only files older than ``older_than`` seconds go, so that another writer's
-    temporary file, which it is about to rename or link, is left alone.
+    A file goes when the process that wrote it no longer runs (on this machine),
+    or when it is older than ``older_than`` seconds: another writer's temporary
+    file, which it is about to rename or link, is left alone.
     """
     if not is_local(fs):
         return  # object stores replace keys in one PUT: no temporary files
     for leftover in Path(path).parent.glob(Path(path).name + ".*.tmp"):
         with contextlib.suppress(OSError):
-            if time.time() - leftover.stat().st_mtime >= older_than:
+            if _writer_gone(leftover, path) or time.time() - leftover.stat().st_mtime >= older_than:
                 leftover.unlink()
 
 
@@ -284,10 +302,10 @@ class WriterLock:
     """One writer at a time: an exclusive ``lock.json`` in the record's folder.
 
     The holder refreshes a heartbeat in it every :data:`HEARTBEAT_SECONDS`. A
-    lock is *stale* when its writer is provably gone (same machine, and its
-    process no longer exists) or, from another machine, when its heartbeat is
-    older than :data:`STALE_AFTER_SECONDS`. A stale lock is named as such and
-    taken over only when asked (``break_lock=True``); a live one never is.
+    lock whose writer is provably gone (same machine and boot, and its process no
+    longer exists) is taken over with a warning; one from another machine whose
+    heartbeat is older than :data:`STALE_AFTER_SECONDS` is named stale and taken
+    over only when asked (``break_lock=True``); a live one never is.
 
     Parameters
     ----------
@@ -309,6 +327,7 @@ class WriterLock:
         self.lost: dict | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._claim: str | None = None
 
     def content(self) -> dict:
         """Return what this writer puts in the lock: who it is, since when, its heartbeat."""
@@ -336,8 +355,19 @@ class WriterLock:
 
     def describe(self, info: dict) -> tuple[bool, str]:
         """Return whether the holder ``info`` is stale, and who it is, in words."""
+        state, who = self.holder_state(info)
+        return state != "alive", who
+
+    def holder_state(self, info: dict) -> tuple[Holder, str]:
+        """Return whether the holder ``info`` is alive, gone or silent, and who it is.
+
+        ``"gone"``: provably (this machine and boot, and its process no longer runs,
+        or is a zombie, or its pid is another process's now). ``"silent"``: another
+        machine's writer whose heartbeat is older than :data:`STALE_AFTER_SECONDS`,
+        which may still run (a network partition). ``"alive"`` otherwise.
+        """
         if not info:
-            return False, f"an unreadable lock {self.path!r}"
+            return "alive", f"an unreadable lock {self.path!r}"
         since = datetime.fromtimestamp(info.get("since", 0), UTC).isoformat(timespec="seconds")
         who = (
             f"process {info.get('pid')} on {info.get('host')!r} since {since} "
@@ -354,44 +384,58 @@ class WriterLock:
                 and _process_state(pid) not in ("Z", "X")
             )
             if alive:
-                return False, who
-            return True, f"{who}, which no longer runs (it was killed)"
+                return "alive", who
+            return "gone", f"{who}, which no longer runs (it was killed)"
         age = time.time() - float(info.get("heartbeat", 0))
         if age > STALE_AFTER_SECONDS:
-            return True, f"{who}, whose last heartbeat was {_ago(age)}"
-        return False, f"{who}, last heartbeat {_ago(age)}"
+            return "silent", f"{who}, whose last heartbeat was {_ago(age)}"
+        return "alive", f"{who}, last heartbeat {_ago(age)}"
 
     def acquire(self, break_lock: bool = False) -> None:
         """Take the lock, or raise :class:`OutputLockedError` saying who holds it.
 
+        A lock whose writer is provably gone (:meth:`holder_state`) is taken over
+        at once, with a warning that says whose it was: an OOM kill or a
+        scheduler's time limit needs no second command. One writer takes it over:
+        the takeover is claimed by an exclusive ``lock.json.takeover-<owner>``.
+
         Parameters
         ----------
         break_lock
-            Take over a stale lock (its writer is gone). A live writer's lock is
-            never taken.
+            Also take over a silent lock (another machine's writer that stopped
+            beating, which may still run). A live writer's lock is never taken.
         """
         self.fs.makedirs(self.folder, exist_ok=True)
-        for _attempt in range(3):
+        try:
+            self._acquire(break_lock)
+        finally:
+            self._forget_takeover()  # taken, or refused: the claim has done its work
+
+    def _acquire(self, break_lock: bool) -> None:
+        for _attempt in range(5):
             try:
                 create_exclusively(self.fs, self.path, json.dumps(self.content()).encode())
             except FileExistsError:
                 info = self.holder()
                 if info is None:
                     continue  # released between our attempt and the read
-                stale, who = self.describe(info)
-                if not stale and info:
+                state, who = self.holder_state(info)
+                if state == "alive" and info:
                     raise OutputLockedError(
                         f"another writer is writing {self.output!r}: {who}. Wait for it to "
                         "finish, stop it, or write elsewhere."
                     ) from None
-                if not break_lock:
+                if state != "gone" and not break_lock:
                     raise OutputLockedError(
                         f"{self.output!r} is locked by {who}. If no other writer is running, "
                         "pass break_lock=True (xpatch apply --break-lock) to take the lock "
                         "over; the run resumes from its progress record."
                     ) from None
-                with contextlib.suppress(FileNotFoundError):
-                    self.fs.rm_file(self.path)
+                if self._take_over(info) and state == "gone" and not break_lock:
+                    warn(
+                        f"took over the lock of {self.output!r} from {who}; the run resumes "
+                        "from its progress record."
+                    )
                 continue
             self._start_heartbeat()
             return
@@ -399,6 +443,34 @@ class WriterLock:
             f"could not take the lock {self.path!r} of {self.output!r}: other writers keep "
             "taking it. Make sure one writer runs at a time."
         )
+
+    def _take_over(self, info: dict) -> bool:
+        """Remove the stale lock ``info`` if this writer wins the claim to it; say if it did.
+
+        Two writers that find one stale lock both try to claim it; the loser finds
+        the winner's lock at its next attempt. A claim whose claimer is gone too
+        (killed between its claim and its lock) is removed, and claimed again.
+        """
+        self._claim = f"{self.path}.takeover-{info.get('owner', 'unreadable')}"
+        try:
+            create_exclusively(self.fs, self._claim, json.dumps(self.content()).encode())
+        except FileExistsError:
+            if self._claimer_state(self._claim) == "gone":
+                with contextlib.suppress(FileNotFoundError):
+                    self.fs.rm_file(self._claim)
+            self._claim = None
+            return False
+        current = self.holder()
+        if current is not None and current.get("owner") == info.get("owner"):
+            with contextlib.suppress(FileNotFoundError):
+                self.fs.rm_file(self.path)
+        return True
+
+    def _forget_takeover(self) -> None:
+        claim, self._claim = getattr(self, "_claim", None), None
+        if claim is not None:
+            with contextlib.suppress(FileNotFoundError):
+                self.fs.rm_file(claim)
 
     def _start_heartbeat(self) -> None:
         self._stop.clear()
@@ -440,3 +512,29 @@ class WriterLock:
         # A writer killed while creating the lock left its copy; a live one links its
         # copy within milliseconds.
         remove_leftovers(self.fs, self.path, older_than=STALE_AFTER_SECONDS)
+        self._remove_abandoned_claims()
+
+    def _remove_abandoned_claims(self) -> None:
+        """Remove takeover claims whose claimer is gone (killed mid-takeover).
+
+        Such a claim names a lock nobody will take over again, and would keep the
+        record's folder from being removed with the finished output.
+        """
+        with contextlib.suppress(FileNotFoundError):
+            claims = self.fs.glob(f"{self.path}.takeover-*")
+            for claim in claims:
+                if self._claimer_state(claim) in ("gone", "silent"):
+                    with contextlib.suppress(FileNotFoundError):
+                        self.fs.rm_file(claim)
+
+    def _claimer_state(self, claim: str) -> Holder | None:
+        """Return the state of the writer that made the takeover claim ``claim``.
+
+        None when the claim is gone (its claimer finished) or unreadable.
+        """
+        data = read_bytes(self.fs, claim)
+        try:
+            claimer = json.loads(data) if data is not None else None
+        except ValueError:
+            return None
+        return self.holder_state(claimer)[0] if isinstance(claimer, dict) and claimer else None

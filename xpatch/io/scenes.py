@@ -74,6 +74,7 @@ from xpatch.io.steps import (
     refuse_other_run,
     run_output,
     tidy_complete,
+    wrote_nothing,
 )
 from xpatch.xarray.provenance import differences
 
@@ -251,7 +252,8 @@ def _decide(plan: ScenePlan, entry: dict | None, resume: Resume, where: str) -> 
     if status == "unfinished":
         # Refused now, as write would refuse it, rather than after the scenes before it.
         record = plan.output.record.read()
-        if record is not None and record["state"] != "creating":
+        started = record is not None and record["state"] != "creating"
+        if started and not wrote_nothing(plan.output):
             if resume is False:
                 raise OutputExistsError(
                     f"scene {plan.scene!r}: {output!r} holds an unfinished run; pass "
@@ -266,7 +268,14 @@ def _decide(plan: ScenePlan, entry: dict | None, resume: Resume, where: str) -> 
     if status != "complete":
         return "write"  # nothing written yet, or a run its own record resumes
     layout, computation = differences(entry["fingerprint"], plan.fingerprint)
-    if layout or computation:
+    if layout:  # another shape, dtype or chunks: never the same result, forced or not
+        raise OutputError(
+            f"scene {plan.scene!r}: {output!r} was written with another layout: "
+            + "; ".join(layout)
+            + ". resume='force' keeps outputs of this layout only: write it again with "
+            "overwrite=True (xpatch apply --restart)."
+        )
+    if computation:
         if resume == "force":
             return "mark"  # kept; the entry names the computation that runs now
         raise OutputError(
@@ -326,8 +335,8 @@ def write_scenes(
         ``"zarr"`` (also what ``"auto"`` means here) or ``"geotiff"`` (local
         folders only).
     name, nodata, storage_options, progress, break_lock
-        As for :func:`xpatch.write`, for every scene (``break_lock`` also takes
-        over the folder's lock a killed run left).
+        As for :func:`xpatch.write`, for every scene and for the folder's own
+        lock (a killed run's is taken over without ``break_lock``).
     resume
         ``True``: continue an interrupted run of the same computation. ``False``:
         refuse any scene with unfinished work. ``"force"``: continue it, and keep

@@ -22,7 +22,7 @@ from dask.delayed import Delayed
 from dask.highlevelgraph import HighLevelGraph
 
 from xpatch.core.checks import check_choice
-from xpatch.core.errors import OptionError, OutputError, OutputExistsError
+from xpatch.core.errors import OptionError, OutputError, OutputExistsError, warn
 from xpatch.io import waves
 from xpatch.io.geotiff import GEOTIFF_RECORD_SUFFIX, GeoTiffOutput, require_rasterio, stack_bands
 from xpatch.io.location import locate
@@ -178,6 +178,11 @@ def refuse_other_run(name: str, layout: list[str], computation: list[str], resum
         )
 
 
+def wrote_nothing(output: Output) -> bool:
+    """Whether the run its record describes wrote no block: no marker says one is stored."""
+    return not output.record.done()
+
+
 def run_output(
     output: Any, print_: dict, resume: Resume, overwrite: bool, progress: bool, break_lock: bool
 ) -> int:
@@ -220,6 +225,13 @@ def run_output(
                 "(xpatch apply --restart) to replace it, or choose another output path."
             )
         state = "creating" if record is None else record["state"]
+        if state == "writing" and record["fingerprint"] != print_ and wrote_nothing(output):
+            # A run that failed before its first block protects nothing: start over.
+            warn(
+                f"{name!r}: the earlier run wrote no block before it stopped; starting over "
+                "with this computation."
+            )
+            state = "creating"
         if state != "creating":
             if resume is False:
                 raise OutputExistsError(

@@ -97,9 +97,10 @@ def write(
         fsspec options for a URL (credentials, ``client_kwargs``...), as in
         xarray's ``to_zarr``.
     break_lock
-        Take over the lock of a writer that is gone (killed): one on this
-        machine whose process no longer exists, or one elsewhere whose heartbeat
-        stopped. A live writer's lock is never taken.
+        Also take over the lock of a writer on another machine whose heartbeat
+        stopped (it may still run behind a network partition). The lock of a
+        writer of this machine whose process no longer exists is taken over
+        without it, with a warning naming it. A live writer's lock is never taken.
 
     Returns
     -------
@@ -112,8 +113,8 @@ def write(
         ``path`` exists (complete, or unfinished with ``resume=False``) and
         ``overwrite`` is False.
     OutputLockedError
-        Another writer holds the output's lock (or a killed one left it: see
-        ``break_lock``).
+        Another writer holds the output's lock (or one on another machine
+        stopped beating: see ``break_lock``).
     OutputError
         ``path`` holds an unfinished run of another computation, or its record
         or metadata are damaged.
