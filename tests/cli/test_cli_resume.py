@@ -191,7 +191,9 @@ def test_force_resume_continues_after_a_change_that_alters_no_value(
     assert "exclude each other" in capsys.readouterr().err
 
 
-def test_a_killed_writers_lock_needs_break_lock(scene, model_file, tmp_path, capsys):
+def test_a_killed_writers_lock_is_taken_over_by_the_same_command(
+    scene, model_file, tmp_path, capsys
+):
     target = tmp_path / "out.zarr"
     argv = base_argv(scene, model_file, target)
     # A writer that was killed: its process is gone, its lock is not.
@@ -203,10 +205,9 @@ def test_a_killed_writers_lock_needs_break_lock(scene, model_file, tmp_path, cap
     info.update(pid=gone.pid, command="xpatch apply (killed)")
     (folder / "lock.json").write_text(json.dumps(info))
 
-    assert run(argv) == 2
+    assert run(argv) == 0
     err = capsys.readouterr().err
-    assert "no longer runs" in err and "--break-lock" in err, err
-    assert run([*argv, "--break-lock"]) == 0
+    assert "xpatch: warning: took over the lock" in err and "no longer runs" in err, err
     np.testing.assert_allclose(xr.open_zarr(target)["out"].values, scene[1] * 2, rtol=1e-6)
     assert not (folder / "lock.json").exists()
 
@@ -224,3 +225,68 @@ def test_an_object_store_url_is_not_a_local_folder(
     assert run(unknown) == 2
     assert "fsspec knows no filesystem" in capsys.readouterr().err
     assert not list(tmp_path.glob("nosuch*"))
+
+
+def test_a_run_that_failed_before_its_first_block_does_not_stand_in_the_way(
+    scene, model_file, tmp_path, monkeypatch, capsys
+):
+    # A first try that failed at once left a record that refused the corrected command
+    # until --restart: nothing was written, so nothing was protected.
+    target = tmp_path / "out.zarr"
+    argv = base_argv(scene, model_file, target)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        run(argv, crash_after=0, monkeypatch=monkeypatch)  # fails in its first batch
+    assert done_markers(target) == []
+    model_file.write_text(MODEL.replace("FACTOR = 2", "FACTOR = 3"))  # the corrected model
+    assert run(argv) == 0
+    err = capsys.readouterr().err
+    assert "xpatch: warning:" in err and "wrote no block before it stopped; starting over" in err
+    _, values = scene
+    np.testing.assert_allclose(xr.open_zarr(target)["out"].values, values * 3, rtol=1e-6)
+
+
+SLOW_MODEL = textwrap.dedent(
+    """
+    import time
+
+
+    def double(batch):
+        time.sleep(0.2)
+        return batch * 2
+    """
+)
+
+
+def test_ctrl_c_stops_with_one_line_and_the_same_command_resumes(scene, tmp_path):
+    import os
+    import signal
+    import time
+
+    model = tmp_path / "slow_model.py"
+    model.write_text(SLOW_MODEL)
+    target = tmp_path / "out.zarr"
+    argv = base_argv(scene, model, target)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "xpatch", "apply", *argv, "--no-progress"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not done_markers(target):
+            assert process.poll() is None and time.monotonic() < deadline, process.stderr.read()
+            time.sleep(0.05)
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == 130, err
+    assert "Traceback" not in err, err
+    assert "xpatch: interrupted. Run the same command again to resume" in err, err
+    written = done_markers(target)
+    assert 0 < len(written) < 12  # the run stopped among its blocks
+
+    assert run(argv) == 0  # the same command, nothing else: no lock in the way
+    np.testing.assert_allclose(xr.open_zarr(target)["out"].values, scene[1] * 2, rtol=1e-6)

@@ -146,7 +146,8 @@ def add_apply_command(commands: argparse._SubParsersAction) -> argparse.Argument
     apply.add_argument(
         "--break-lock",
         action="store_true",
-        help="take over the lock a killed writer left on OUTPUT (never a live writer's)",
+        help="take over the lock of a writer on another machine whose heartbeat stopped "
+        "(a killed writer of this machine's is taken over without it; never a live one)",
     )
     apply.add_argument(
         "--storage-options",

@@ -23,7 +23,10 @@ parser and a ``run_...(args)`` that returns the exit status, and two lines below
 from __future__ import annotations
 
 import argparse
+import sys
+import warnings
 from collections.abc import Sequence
+from typing import Any
 
 from xpatch.cli.apply import add_apply_command, run_apply
 from xpatch.cli.demo import add_demo_command, run_demo_command
@@ -56,10 +59,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     -------
     int
         Exit status: 0 on success, 1 if the demo's checks fail, 2 on invalid options
-        or inputs (``argparse`` usage errors exit with 2 through :class:`SystemExit`).
+        or inputs (``argparse`` usage errors exit with 2 through :class:`SystemExit`),
+        130 when interrupted with Ctrl-C (an output resumes at the next run).
     """
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command == "apply":
-        return run_apply_scenes(args) if is_scene_pattern(args.input) else run_apply(args)
-    return run_demo_command(args)
+    with warnings.catch_warnings():
+        warnings.showwarning = _show_warning
+        try:
+            if args.command == "apply":
+                if is_scene_pattern(args.input):
+                    return run_apply_scenes(args)
+                return run_apply(args)
+            return run_demo_command(args)
+        except KeyboardInterrupt:
+            # A traceback of the thread Ctrl-C happened to stop says nothing to a user.
+            resume = " Run the same command again to resume: the blocks written are kept."
+            print(
+                f"\nxpatch: interrupted.{resume if args.command == 'apply' else ''}",
+                file=sys.stderr,
+            )
+            return 130
+
+
+def _show_warning(message: Warning | str, category: type[Warning], *_: Any, **__: Any) -> None:
+    """Print a warning as the command's own line, not as a source line of xpatch."""
+    print(f"xpatch: warning: {message}", file=sys.stderr)
