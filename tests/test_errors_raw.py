@@ -71,8 +71,8 @@ def test_apply_refuses_a_non_numeric_output_and_runs_a_numeric_one(kind, lazy):
     with forbid_compute(), pytest.raises(xpatch.OptionError) as info:
         p.apply(lambda batch: batch)
     message = str(info.value)
-    assert f"the input 'field' has dtype {da.dtype} and dtype= was not given" in message
-    assert "pass dtype= the numeric dtype fn returns (e.g. dtype='float32')" in message
+    assert f"fn's output for a batch of zeros of the input's dtype ({da.dtype})" in message
+    assert "return numbers from fn and declare their dtype= (e.g. dtype='float32')" in message
     assert NON_NUMERIC[kind][1] in message
     with forbid_compute(), pytest.raises(xpatch.OptionError, match=r"dtype='U8' \(fn's declared"):
         p.apply(lambda batch: batch, dtype="U8")

@@ -35,7 +35,7 @@ from xpatch.xarray.encoding import NodataOption
 from xpatch.xarray.georef import patch_bounds, patch_transforms
 from xpatch.xarray.layout import Layout, LayoutOptions, T, size_mapping
 from xpatch.xarray.samplers import ObjectSampler
-from xpatch.xarray.variables import check_apply_dtype, check_blendable_predictions
+from xpatch.xarray.variables import check_blendable_predictions
 
 #: The defaults of the layout and apply options, spelled once
 #: (:class:`~xpatch.xarray.layout.LayoutOptions`, :class:`~xpatch.xarray.apply.ApplyOptions`).
@@ -448,7 +448,6 @@ class Patcher(Generic[T]):
         scale: ScaleSpec | None = APPLY.scale,
         weights: Any = APPLY.weights,
     ) -> xr.DataArray | xr.Dataset:
-        check_apply_dtype(self._layout.obj, dtype)
         options = ApplyOptions(
             batch_size, output_dims, dtype, reduce, nodata, pad_batch, out_dtype, scale, weights
         )

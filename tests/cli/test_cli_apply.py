@@ -162,7 +162,7 @@ def test_nodata_carries_over_unless_another_is_asked_for(tmp_path, model_file, r
         (["--fn", "numpy:negative", "--dims", "y,z"], "['z'] not in the input's dims"),
         (["--fn", "numpy:negative", "--output-dims", "class"], "must look like 'class=5'"),
         (["--fn", "numpy:negative", "--size", "500"], "larger than"),
-        (["--fn", "numpy:negative", "--dtype", "flot32"], "dtype='flot32' is not a numpy dtype"),
+        (["--fn", "numpy:negative", "--dtype", "flot32"], "--dtype flot32 is not a numpy dtype"),
     ],
 )
 def test_bad_options_exit_2_with_a_message(tmp_path, raster, extra, message, capsys):
@@ -243,3 +243,95 @@ def test_pad_mode_and_pad_batch_reach_the_model(tmp_path, model_file, raster, ca
     refused[2] = str(tmp_path / "refused.zarr")
     with pytest.raises(AssertionError):
         main(refused)
+
+
+# -- what a new user types first --------------------------------------------------------------
+
+FIRST_TRY = textwrap.dedent(
+    """
+    import numpy as np
+
+    def ndvi(batch):
+        # (b, band, y, x) uint16 -> (b, y, x) float32: another dtype, the band dim dropped
+        red, nir = batch[:, 0].astype("float32"), batch[:, 1].astype("float32")
+        return (nir - red) / np.maximum(nir + red, 1)
+    """
+)
+
+
+@pytest.fixture
+def uint16_scene(tmp_path, raster):
+    source = tmp_path / "in.zarr"
+    (raster * 1000).astype("uint16").to_dataset().to_zarr(source)
+    model = tmp_path / "first_try.py"
+    model.write_text(FIRST_TRY)
+    return source, model
+
+
+def test_a_float_model_that_drops_a_dim_runs_without_declaring_them(tmp_path, uint16_scene, capsys):
+    # Before: refused until --dtype float32, then until --output-dims '', each after a
+    # failed run. Now one call of FN on a batch of zeros finds both.
+    source, model = uint16_scene
+    target = tmp_path / "ndvi.zarr"
+    argv = ["apply", str(source), str(target), "--fn", f"{model}:ndvi", "--size", "32"]
+    assert main([*argv, "--no-progress"]) == 0, capsys.readouterr().err
+    written = xr.open_zarr(target)["reflectance"]  # the input's name, as before
+    assert written.dims == ("y", "x") and written.dtype == np.float32
+    values = xr.open_zarr(source)["reflectance"].values.astype("float32")
+    want = (values[1] - values[0]) / np.maximum(values[1] + values[0], 1)
+    np.testing.assert_allclose(written.values, want, rtol=1e-5, atol=1e-6)
+
+
+def test_cli_errors_name_the_cli_flags(tmp_path, uint16_scene, capsys):
+    source, model = uint16_scene
+    argv = ["apply", str(source), str(tmp_path / "o.zarr"), "--fn", f"{model}:ndvi"]
+    # A declared dtype that FN breaks: the fix is a flag, not a Python argument.
+    assert main([*argv, "--size", "32", "--dtype", "uint16", "--output-dims", ""]) == 2
+    err = capsys.readouterr().err
+    assert "--dtype float32" in err and "dtype=" not in err, err
+    # New dims FN returns must be named: the message says how, as a flag.
+    assert main([*argv[:4], "numpy:atleast_1d", "--size", "32"]) == 0  # keeps the band dim
+    capsys.readouterr()
+    (tmp_path / "repeat.py").write_text(
+        "import numpy as np\n\ndef five(b):\n    return np.repeat(b[:, :1], 5, axis=1)\n"
+    )
+    target = str(tmp_path / "five.zarr")
+    assert main([*argv[:2], target, "--fn", f"{tmp_path / 'repeat.py'}:five", "--size", "32"]) == 2
+    err = capsys.readouterr().err
+    assert "--output-dims dim0=5" in err and "output_dims=" not in err, err
+
+
+def test_rectangular_patches_a_default_overlap_and_the_header_before_the_progress_bar(
+    tmp_path, model_file, raster, capsys
+):
+    source = tmp_path / "in.zarr"
+    raster.to_dataset().to_zarr(source)
+    target = tmp_path / "out.zarr"
+    argv = ["apply", str(source), str(target), "--fn", f"{model_file}:double"]
+    assert main([*argv, "--size", "y=32,x=16", "--chunks", "64"]) == 0
+    out = capsys.readouterr().out
+    header = "patches of y: 32, x: 16, stride y: 24, x: 12"  # a quarter overlap by default
+    assert header in out and "Completed" in out, out
+    assert out.index(header) < out.index("Completed"), out  # what runs, then the wait
+    p = raster.patch(y=32, x=16, stride={"y": 24, "x": 12}, window="hann")
+    want = p.apply(lambda b: b * 2)
+    np.testing.assert_allclose(xr.open_zarr(target)["reflectance"], want, rtol=1e-6)
+    # --size names the patched dims; naming others is refused, naming the flag.
+    assert main([*argv[:2], str(tmp_path / "b.zarr"), *argv[3:], "--size", "y=32,t=4"]) == 2
+    assert "--size's dims ['y', 't']: ['t'] not in the input's dims" in capsys.readouterr().err
+    assert main([*argv, "--size", "y=32,x=16", "--stride", "8", "--dims", "y"]) == 2
+    assert "--size y=32,x=16 names the dims ['y', 'x']" in capsys.readouterr().err
+
+
+def test_every_option_has_help_and_says_its_default_once(capsys):
+    with pytest.raises(SystemExit):
+        main(["apply", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    from xpatch.cli.command import build_parser
+
+    apply = build_parser()._subparsers._group_actions[0].choices["apply"]
+    for action in apply._actions:
+        assert action.help, action.option_strings or action.dest
+    assert "(default: None)" not in text and "(default: False)" not in text
+    for option in text.split(" --")[1:]:
+        assert option.lower().count("default") <= 1, option

@@ -235,7 +235,8 @@ def test_a_run_that_failed_before_its_first_block_does_not_stand_in_the_way(
     target = tmp_path / "out.zarr"
     argv = base_argv(scene, model_file, target)
     with pytest.raises(RuntimeError, match="simulated crash"):
-        run(argv, crash_after=0, monkeypatch=monkeypatch)  # fails in its first batch
+        # The first call (a batch of zeros that finds fn's output) passes; the first batch fails.
+        run(argv, crash_after=1, monkeypatch=monkeypatch)
     assert done_markers(target) == []
     model_file.write_text(MODEL.replace("FACTOR = 2", "FACTOR = 3"))  # the corrected model
     assert run(argv) == 0

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import xarray as xr
 
+import xpatch
 from tests.io.test_crash import assert_same_output, read_output
 from xpatch.cli import main
 from xpatch.io.scenes import MANIFEST_FOLDER
@@ -93,7 +94,8 @@ def test_a_glob_writes_each_scene_as_its_own_apply_and_a_rerun_skips(
     capsys.readouterr()
 
     assert apply(scenes / "*.tif", out, model_file) == 0
-    assert "wrote 0 blocks to 3 .tif outputs" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "-> 3 .tif outputs" in printed and "wrote 0 blocks" in printed, printed
 
     # Another function: refused, naming the scene and the way out; --restart rewrites.
     assert apply(scenes / "*.tif", out, model_file, "triple") == 2
@@ -138,3 +140,40 @@ def test_matches_that_share_a_stem_exit_2(scenes, tmp_path, model_file, capsys):
     (other / "alpha.tif").write_bytes((scenes / "alpha.tif").read_bytes())
     assert apply(tmp_path / "*" / "alpha.tif", tmp_path / "out", model_file) == 2
     assert "share a stem" in capsys.readouterr().err
+
+
+def test_the_scenes_record_explains_itself(scenes, model_file, tmp_path):
+    out = tmp_path / "out"
+    assert apply(scenes / "*.tif", out, model_file) == 0
+    record = out / MANIFEST_FOLDER
+    assert sorted(p.name for p in record.iterdir()) == [
+        "README.txt",
+        *(f"{name}.tif.json" for name in sorted(SCENES)),
+    ]
+    readme = (record / "README.txt").read_text()
+    assert "skips the finished scenes" in readme and "--restart" in readme
+
+
+@pytest.mark.parametrize("interleave", ["pixel", "band"])
+def test_a_truncated_geotiff_in_a_glob_is_named_before_any_work(
+    tmp_path, model_file, capsys, interleave
+):
+    # Its header opens; before, the run failed mid-write with rasterio's "Read failed",
+    # naming no file, after writing the scenes before it.
+    pytest.importorskip("rioxarray")
+    folder = tmp_path / "scenes"
+    folder.mkdir()
+    for seed, name in enumerate(["a", "b", "c"]):
+        raster(300, 300, "EPSG:32631", seed).rio.write_crs("EPSG:32631").rio.to_raster(
+            folder / f"{name}.tif", tiled=True, compress="deflate", interleave=interleave
+        )
+    broken = folder / "b.tif"
+    with open(broken, "r+b") as handle:
+        handle.truncate(broken.stat().st_size * 2 // 3)
+    out = tmp_path / "out"
+    assert apply(folder / "*.tif", out, model_file) == 2
+    err = capsys.readouterr().err
+    assert f"INPUT {str(broken)!r} is truncated" in err and "Traceback" not in err, err
+    assert not out.exists()  # refused before the first scene was written
+    with pytest.raises(xpatch.OptionError, match="is truncated"):
+        xpatch.patch_scenes(sorted(folder.glob("*.tif")), y=32, x=32)

@@ -121,7 +121,12 @@ def test_write_to_zarr_uses_the_active_client(client, lazy, tmp_path, capsys, mo
     with pytest.raises(ValueError):
         affine_on_a_worker(np.zeros(1))  # not here
 
-    written = xpatch.write(p.apply(affine_on_a_worker, batch_size=8), path, progress=False)
+    # A fn that runs only on a worker declares its output: apply's call on a batch of
+    # zeros, which finds them otherwise, runs here.
+    on_workers = p.apply(
+        affine_on_a_worker, batch_size=8, output_dims={"band": 2}, dtype=lazy.dtype
+    )
+    written = xpatch.write(on_workers, path, progress=False)
 
     assert written == 3 * 3
     assert not progress_record(path).exists()
@@ -137,7 +142,9 @@ def test_write_to_zarr_uses_the_active_client(client, lazy, tmp_path, capsys, mo
     monkeypatch.setattr("dask.diagnostics.ProgressBar", LocalBar)
     capsys.readouterr()
     written = xpatch.write(
-        p.apply(affine_on_a_worker, batch_size=8), tmp_path / "p.zarr", progress=True
+        p.apply(affine_on_a_worker, batch_size=8, output_dims={"band": 2}, dtype=lazy.dtype),
+        tmp_path / "p.zarr",
+        progress=True,
     )
     assert written == 9
     shown = capsys.readouterr()

@@ -176,6 +176,8 @@ CALLS = [0]
 
 
 def model(batch):
+    if len(batch) == 1 and not batch.any():
+        return {expression}  # apply's call on zeros that finds the output: not counted
     if FAIL_AFTER is not None and CALLS[0] >= FAIL_AFTER:
         raise RuntimeError("simulated crash in the middle of the run")
     CALLS[0] += 1

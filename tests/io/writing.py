@@ -9,6 +9,9 @@ import xarray as xr
 class Affine:
     """``b * k + 1``, counting its calls and patches; raises once ``fail_after`` calls ran.
 
+    ``apply``'s call on a batch of zeros (which finds the output's dims and dtype
+    while the graph is built) is counted apart, in ``probes``.
+
     Its identity (``__dask_tokenize__``) is ``k`` alone: a crashing and a healthy
     instance compute the same thing, so a resumed write may continue the crashed
     one. A plain class (not a closure) so that it pickles; under the synchronous
@@ -20,11 +23,17 @@ class Affine:
         self.fail_after = fail_after
         self.calls = 0
         self.patches = 0
+        self.probes = 0
 
     def __dask_tokenize__(self) -> str:
         return f"affine-{self.k}x+1"
 
     def __call__(self, batch: np.ndarray) -> np.ndarray:
+        if len(batch) == 1 and not batch.any():
+            # apply's one call on a batch of zeros, while building, that finds the output's
+            # dims and dtype: not a patch of the write (the test data are never all zero).
+            self.probes += 1
+            return batch * self.k + 1
         if self.fail_after is not None and self.calls >= self.fail_after:
             raise RuntimeError("simulated crash in the middle of the run")
         self.calls += 1

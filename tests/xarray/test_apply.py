@@ -50,7 +50,8 @@ def test_apply_of_a_pointwise_fn_equals_fn_on_the_whole_array(layout):
         assert isinstance(out.data, dsa.Array) == (source is lazy_input)
         values = out.values
         np.testing.assert_allclose(values, expected.values, **tolerance(dtype))
-        assert counter.count == len(p)  # every patch exactly once
+        # Every patch exactly once, after one patch of zeros that found fn's output.
+        assert counter.count == len(p) + 1 and not counter.seen[0].any()
         assert out.dims == da.dims
         xr.testing.assert_identical(out.coords.to_dataset(), da.coords.to_dataset())
 
@@ -61,10 +62,10 @@ def test_each_patch_goes_through_fn_once_and_in_batches(scene):
     sizes = []
     counter = PatchCounter(lambda b: sizes.append(len(b)) or b)
     p.apply(counter, batch_size=4).compute()
-    assert counter.count == len(p)
-    assert max(sizes) <= 4
+    assert counter.count == len(p) + 1  # the first, a patch of zeros, found fn's output
+    assert sizes[0] == 1 and max(sizes) <= 4
     expected = p.patches().values
-    seen = np.stack(counter.seen)
+    seen = np.stack(counter.seen[1:])
     # Same patches, each once (groups may run in any order).
     key = lambda a: a.reshape(len(a), -1).tolist()  # noqa: E731
     assert sorted(key(seen)) == sorted(key(expected))
@@ -80,13 +81,15 @@ def test_building_apply_computes_nothing_and_calls_fn_never(scene):
     assert counter.count == 0
 
 
-def test_output_dims_and_dtype_are_declared_not_discovered(scene):
+def test_declared_output_dims_and_dtype_skip_the_call_on_zeros(scene):
     p = scene.chunk({"y": 16}).patch(y=10, x=10, stride=5, window="tukey")
 
     def scores(batch):  # (b, band, y, x) -> (b, class, y, x) float32
         return np.stack([batch.mean(axis=1), batch.max(axis=1)], axis=1).astype("float32")
 
-    out = p.apply(scores, output_dims={"class": 2}, dtype="float32")
+    counter = PatchCounter(scores)
+    out = p.apply(counter, output_dims={"class": 2}, dtype="float32")
+    assert counter.count == 0  # declared: fn is not called to find them
     assert out.dims == ("class", "y", "x")
     assert out.dtype == np.float32
     np.testing.assert_allclose(out.isel(**{"class": 0}), scene.mean("band"), atol=1e-5)
@@ -96,12 +99,50 @@ def test_output_dims_and_dtype_are_declared_not_discovered(scene):
 
 def test_fn_that_breaks_its_declaration_fails_with_a_clear_error(scene):
     p = scene.patch(y=10, x=10)
+    declared = {"output_dims": {"band": 3}, "dtype": scene.dtype}
     with pytest.raises(xpatch.PredictionError, match=r"expected \(\d+, 3, 10, 10\).*output_dims"):
-        p.apply(lambda b: b[:, :2])
+        p.apply(lambda b: b[:, :2], **declared)
+    integers = xr.DataArray(np.arange(100).reshape(10, 10), dims=("y", "x")).patch(y=5, x=5)
     with pytest.raises(xpatch.PredictionError, match=r"pass dtype='float64'"):
-        xr.DataArray(np.arange(100).reshape(10, 10), dims=("y", "x")).patch(y=5, x=5).apply(
-            lambda b: b / 2
-        )
+        integers.apply(lambda b: b / 2, dtype="int64")
+
+
+def test_output_dims_and_dtype_left_out_are_found_by_one_call_on_zeros(scene):
+    # A float model over integer imagery, and a model that drops the band dim: found,
+    # not refused after a failed run.
+    integers = xr.DataArray(np.arange(100).reshape(10, 10), dims=("y", "x"))
+    halves = integers.chunk(5).patch(y=5, x=5)
+    with forbid_compute():
+        out = halves.apply(lambda b: b / 2)
+    assert out.dtype == np.float64
+    np.testing.assert_array_equal(out.values, integers.values / 2)
+    p = scene.chunk({"y": 16}).patch(y=10, x=10, stride=5)
+    counter = PatchCounter(lambda b: b.mean(axis=1))
+    with forbid_compute():
+        mean = p.apply(counter)
+    assert counter.count == 1 and counter.seen[0].shape == (3, 10, 10)  # one patch of zeros
+    assert mean.dims == ("y", "x")
+    np.testing.assert_allclose(mean, scene.mean("band"), rtol=1e-6)
+    # New non-patched dims cannot be named from their sizes: refused, naming the fix.
+    with pytest.raises(xpatch.OptionError, match=r"shape \(5,\).*output_dims=\{'dim0': 5\}"):
+        p.apply(lambda b: np.repeat(b[:, :1], 5, axis=1))
+    # A dict fn's outputs are found too, its weights' entry aside.
+    ds = p.apply(lambda b: {"m": b.mean(axis=1), "s": b * 2, "w": np.ones(len(b))}, weights="w")
+    assert list(ds) == ["m", "s"]
+    assert ds["m"].dims == ("y", "x") and ds["s"].dims == ("band", "y", "x")
+    np.testing.assert_allclose(ds["s"], scene * 2, rtol=1e-6)
+
+    # A fn that fails on zeros says how to skip the call.
+    def needs_signal(batch):
+        if not batch.any():
+            raise ValueError("all zeros")
+        return batch
+
+    with pytest.raises(ValueError, match="all zeros") as caught:
+        p.apply(needs_signal)
+    (note,) = caught.value.__notes__
+    assert "batch of zeros" in note and "output_dims=" in note, note
+    p.apply(needs_signal, output_dims={"band": 3}, dtype=scene.dtype)  # declared: not called
 
 
 @pytest.mark.parametrize(
@@ -183,7 +224,7 @@ def test_numpy_and_dask_apply_agree_and_dask_stays_lazy_until_computed(scene):
     calls_so_far = len(calls)
     with forbid_compute():
         lazy_out = lazy.apply(fn)
-    assert len(calls) == calls_so_far  # building called fn on nothing
+    assert len(calls) == calls_so_far + 1  # building called fn once, on a patch of zeros
     with dask.config.set(scheduler="synchronous"):
         np.testing.assert_allclose(lazy_out.values, eager.values, rtol=1e-12)
 

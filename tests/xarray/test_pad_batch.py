@@ -52,7 +52,7 @@ def test_a_single_patch_fills_a_whole_batch():
     da = xr.DataArray(np.arange(5.0), dims="x")
     seen: list = []
     out = da.patch(x=5).apply(recording(seen), batch_size=4, pad_batch=True)
-    assert seen == [(4, 5)]
+    assert seen == [(4, 5), (4, 5)]  # a batch of zeros found fn's output; then the patch
     np.testing.assert_array_equal(out.values, da.values * 2 - 1)
 
 
@@ -83,7 +83,10 @@ def test_jax_jit_compiles_once_per_run(image, lazy):
 
 def test_shape_errors_still_name_the_batch(image):
     p = image.patch(y=16, x=16)
-    with pytest.raises(xpatch.PredictionError, match="fn returned shape"):
+    declared = {"output_dims": {"band": 2}, "dtype": image.dtype}
+    with pytest.raises(xpatch.PredictionError, match=r"fn returned shape \(5, 1, 16, 16\)"):
+        p.apply(lambda b: b[:, :1], batch_size=5, pad_batch=True, **declared)
+    with pytest.raises(xpatch.OptionError, match=r"shape \(1,\) on a batch of zeros"):
         p.apply(lambda b: b[:, :1], batch_size=5, pad_batch=True)
 
 

@@ -27,12 +27,13 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from xpatch.cli.common import format_sizes, positive_int, usage_error
+from xpatch.cli.common import DefaultsOnceFormatter, format_sizes, positive_int, usage_error
 from xpatch.core.errors import OptionError, XPatchError
 from xpatch.io import write
 from xpatch.io.geotiff import geotiff_layout, stack_bands
 from xpatch.io.inputs import GEOTIFF_SUFFIXES, open_input
 from xpatch.patcher import Patcher
+from xpatch.xarray.returns import raised_by_fn
 
 
 def add_apply_command(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -59,7 +60,7 @@ def add_apply_command(commands: argparse._SubParsersAction) -> argparse.Argument
             "(b, *output dims, *patch). An interrupted run started again writes only the "
             "blocks it had not written."
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsOnceFormatter,
     )
     apply.add_argument(
         "input",
@@ -71,14 +72,32 @@ def add_apply_command(commands: argparse._SubParsersAction) -> argparse.Argument
     apply.add_argument(
         "--fn", required=True, help="the batch function: module:function or file.py:function"
     )
-    apply.add_argument("--size", type=positive_int, required=True, help="patch extent per dim")
-    apply.add_argument("--stride", type=positive_int, default=None, help="default: the size")
+    apply.add_argument(
+        "--size",
+        type=per_dim_extent,
+        required=True,
+        help="patch size in cells: one for every patched dim (64), or per dim 'y=64,x=32' "
+        "(which also names the patched dims)",
+    )
+    apply.add_argument(
+        "--stride",
+        type=per_dim_extent,
+        default=None,
+        help="step between patches, as --size (default: 3/4 of the size, so neighbours "
+        "overlap by a quarter and the window blends their seams away)",
+    )
     apply.add_argument(
         "--window",
         default="hann",
         help="blending window: boxcar, hann, triangular, tukey or a scipy window name",
     )
-    apply.add_argument("--boundary", choices=("shift", "pad", "drop", "raise"), default="shift")
+    apply.add_argument(
+        "--boundary",
+        choices=("shift", "pad", "drop", "raise"),
+        default="shift",
+        help="what the last patch does at an edge the stride does not reach: shift back "
+        "inside, pad past the edge, drop the cells, or raise",
+    )
     apply.add_argument(
         "--pad-mode",
         choices=("constant", "reflect", "symmetric", "edge", "wrap"),
@@ -87,12 +106,15 @@ def add_apply_command(commands: argparse._SubParsersAction) -> argparse.Argument
         "fills with NaN for floats, which a convolution spreads: prefer reflect or edge",
     )
     apply.add_argument(
-        "--dims", default=None, help="patched dims, comma-separated (default: y,x or the last two)"
+        "--dims",
+        default=None,
+        help="patched dims, comma-separated (default: those --size names, else y,x, else the "
+        "input's last two)",
     )
     apply.add_argument(
         "--chunks", type=positive_int, default=1024, help="dask chunk size along patched dims"
     )
-    apply.add_argument("--batch-size", type=positive_int, default=32)
+    apply.add_argument("--batch-size", type=positive_int, default=32, help="patches per call of FN")
     apply.add_argument(
         "--pad-batch",
         action="store_true",
@@ -102,9 +124,11 @@ def add_apply_command(commands: argparse._SubParsersAction) -> argparse.Argument
     apply.add_argument(
         "--output-dims",
         default=None,
-        help="FN's non-patched output dims, e.g. class=5 ('' for none; default: the input's); "
-        "for an FN returning a dict, per key: 'seg:class=3;unc:' (a .zarr OUTPUT has a "
-        "variable per key, a GeoTIFF a band per key and class)",
+        help="FN's non-patched output dims, e.g. class=5 ('' for none); for an FN returning "
+        "a dict, per key: 'seg:class=3;unc:' (a .zarr OUTPUT has a variable per key, a "
+        "GeoTIFF a band per key and class). Default: found by calling FN once on a batch of "
+        "zeros (the input's other dims if FN keeps them, none if it drops them); giving "
+        "--output-dims and --dtype skips that call",
     )
     apply.add_argument(
         "--scale",
@@ -113,7 +137,11 @@ def add_apply_command(commands: argparse._SubParsersAction) -> argparse.Argument
         "resolution: one factor for every patched dim (2, 4, 1/4) or per dim 'y=2,x=2'; "
         "OUTPUT covers the input's extent at that resolution (transform scaled)",
     )
-    apply.add_argument("--dtype", default=None, help="FN's output dtype (default: the input's)")
+    apply.add_argument(
+        "--dtype",
+        default=None,
+        help="FN's output dtype, e.g. float32 (default: what FN returns for a batch of zeros)",
+    )
     apply.add_argument(
         "--out-dtype",
         default=None,
@@ -131,7 +159,8 @@ def add_apply_command(commands: argparse._SubParsersAction) -> argparse.Argument
         "--nodata",
         type=_nodata,
         default="input",
-        help="OUTPUT's nodata: 'input' (default: the input's), a number, 'nan' or 'none'",
+        help="OUTPUT's nodata: 'input' (the input's, for an output of its dtype), a number, "
+        "'nan' or 'none'",
     )
     apply.add_argument("--variable", default=None, help="variable of a zarr/netCDF input")
     apply.add_argument(
@@ -246,32 +275,34 @@ def run_apply(args: argparse.Namespace) -> int:
     traceback.
     """
     try:
-        p, result, dims, stride = _plan_apply(args)
+        p, result = _plan_apply(args)
     except (XPatchError, ValueError, ImportError) as error:
+        if raised_by_fn(error):
+            raise  # the user's function failed: its traceback is what helps
         return usage_error("apply", str(error))
     if args.restart and args.force_resume:
         return usage_error("apply", "--restart and --force-resume exclude each other; pick one.")
     if isinstance(result, xr.Dataset):  # several outputs: a variable per key
         name = ", ".join(str(n) for n in result.data_vars)
         named = result
+        dtypes = ", ".join(sorted({str(v.dtype) for v in result.data_vars.values()}))
     else:
         name = Path(args.output).stem if result.name is None else result.name
         named = result.rename(name)
+        dtypes = str(result.dtype)
+    # What runs, before the progress bar: a wrong size or stride shows before the wait.
+    print(
+        f"xpatch apply: {len(p)} patches of {format_sizes(p.size)}, stride "
+        f"{format_sizes(p.stride)}, window {args.window!r} -> {name} "
+        f"({format_sizes(dict(result.sizes))}) {dtypes} in {args.output}",
+        flush=True,
+    )
     start = time.perf_counter()
     try:
         blocks = write_output(named, args)
     except XPatchError as error:
         return usage_error("apply", str(error))
-    seconds = time.perf_counter() - start
-    if isinstance(result, xr.Dataset):
-        dtypes = ", ".join(sorted({str(v.dtype) for v in result.data_vars.values()}))
-    else:
-        dtypes = str(result.dtype)
-    print(
-        f"xpatch apply: {len(p)} patches of {args.size} along {dims}, stride {stride}, "
-        f"window {args.window!r}; wrote {blocks} blocks of {name} "
-        f"({format_sizes(dict(result.sizes))}) {dtypes} to {args.output} in {seconds:.1f} s"
-    )
+    print(f"xpatch apply: wrote {blocks} blocks in {time.perf_counter() - start:.1f} s")
     return 0
 
 
@@ -348,13 +379,19 @@ def open_patched_input(
     ``--chunks`` along them and whole along the others.
     """
     data = open_input(path, args.variable, args.chunks)
-    dims = args.dims.split(",") if args.dims else [d for d in ("y", "x") if d in data.dims]
+    if args.dims:
+        dims = args.dims.split(",")
+    elif isinstance(args.size, dict):
+        dims = list(args.size)
+    else:
+        dims = [d for d in ("y", "x") if d in data.dims]
     if not dims:
         dims = list(data.dims[-2:])
     missing = [d for d in dims if d not in data.dims]
     if missing:
+        given = f"--dims {args.dims!r}" if args.dims else f"--size's dims {dims}"
         raise OptionError(
-            f"--dims {args.dims!r}: {missing} not in the input's dims {data.dims} ({str(path)!r})."
+            f"{given}: {missing} not in the input's dims {data.dims} ({str(path)!r})."
         )
     empty = {d: data.sizes[d] for d in dims if data.sizes[d] == 0}
     if empty:
@@ -385,17 +422,17 @@ def apply_options(args: argparse.Namespace) -> dict:
 
 
 def _plan_apply(args: argparse.Namespace) -> tuple:
-    """Open the input and build the lazy result: ``(patcher, result, dims, stride)``."""
+    """Open the input and build the lazy result: ``(patcher, result)``."""
     fn = load_function(args.fn)
     data, dims = open_patched_input(args.input, args)
-    stride = args.stride if args.stride is not None else args.size
-    p = Patcher(data, {d: args.size for d in dims}, stride, **patch_options(args))
+    sizes, stride = layout_of_args(args, dims)
+    p = Patcher(data, sizes, stride, **patch_options(args))
     result = p.apply(fn, **apply_options(args))
     if Path(args.output).suffix.lower() in GEOTIFF_SUFFIXES:
         if isinstance(result, xr.Dataset):  # several outputs: a band per output and class
             result = stack_bands(result)
         result = geotiff_result(result, args.output, args.input)
-    return p, result, dims, stride
+    return p, result
 
 
 def geotiff_result(result: xr.DataArray, output: str, source: str) -> xr.DataArray:
@@ -423,3 +460,57 @@ def geotiff_result(result: xr.DataArray, output: str, source: str) -> xr.DataArr
     names = {d: n for d, n in ((y_dim, "y"), (x_dim, "x")) if d != n}
     in_use = (set(result.dims) | set(result.coords)) - set(names)
     return result.rename(names) if names and not set(names.values()) & in_use else result
+
+
+def per_dim_extent(text: str) -> int | dict[str, int]:
+    """``--size`` and ``--stride``: one integer >= 1, or per dim ``y=64,x=32``.
+
+    Examples
+    --------
+    >>> per_dim_extent("64"), per_dim_extent("y=64, x=32")
+    (64, {'y': 64, 'x': 32})
+    """
+    if "=" not in text:
+        return positive_int(text)
+    extents = {}
+    for item in text.split(","):
+        dim, _, number = item.partition("=")
+        if not dim.strip() or not number.strip().isdigit() or int(number) < 1:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not one integer >= 1 (64) nor per dim 'y=64,x=32'"
+            )
+        extents[dim.strip()] = int(number)
+    return extents
+
+
+def default_stride(size: int) -> int:
+    """Return ``--stride``'s default: a quarter overlap, which the window blends seams over.
+
+    MONAI's ``sliding_window_inference`` overlaps a quarter by default too.
+
+    Examples
+    --------
+    >>> default_stride(64), default_stride(1)
+    (48, 1)
+    """
+    return max(1, size - size // 4)
+
+
+def layout_of_args(args: argparse.Namespace, dims: list[Hashable]) -> tuple[dict, dict]:
+    """Return ``({dim: size}, {dim: stride})`` of ``--size`` and ``--stride`` along ``dims``."""
+    sizes = _along(args.size, dims, "--size")
+    if args.stride is None:
+        return sizes, {d: default_stride(n) for d, n in sizes.items()}
+    return sizes, _along(args.stride, dims, "--stride")
+
+
+def _along(extent: int | dict[str, int], dims: list[Hashable], flag: str) -> dict:
+    if isinstance(extent, int):
+        return {d: extent for d in dims}
+    if set(extent) != {str(d) for d in dims}:
+        raise OptionError(
+            f"{flag} {','.join(f'{d}={n}' for d, n in extent.items())} names the dims "
+            f"{list(extent)}, but the patched dims are {[str(d) for d in dims]}; name each of "
+            "them once (or give one number for all)."
+        )
+    return {d: extent[str(d)] for d in dims}

@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from xpatch.cli.apply import add_apply_command, run_apply
+from xpatch.cli.common import in_cli_terms
 from xpatch.cli.demo import add_demo_command, run_demo_command
 from xpatch.cli.scenes import is_scene_pattern, run_apply_scenes
 from xpatch.version import VERSION
@@ -84,4 +85,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _show_warning(message: Warning | str, category: type[Warning], *_: Any, **__: Any) -> None:
     """Print a warning as the command's own line, not as a source line of xpatch."""
-    print(f"xpatch: warning: {message}", file=sys.stderr)
+    print(f"xpatch: warning: {in_cli_terms(str(message))}", file=sys.stderr)

@@ -34,7 +34,13 @@ import numpy as np
 import xarray as xr
 from dask.callbacks import Callback
 
-from xpatch.cli.common import format_sizes, non_negative_int, positive_int, usage_error
+from xpatch.cli.common import (
+    DefaultsOnceFormatter,
+    format_sizes,
+    non_negative_int,
+    positive_int,
+    usage_error,
+)
 from xpatch.core.errors import XPatchError
 from xpatch.io import write
 from xpatch.patcher import Patcher
@@ -389,7 +395,7 @@ def add_demo_command(commands: argparse._SubParsersAction) -> None:
             f"(tolerance {TOLERANCE:g}). Exit status 0 when the checks pass, 1 when they do "
             "not, 2 on invalid options."
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsOnceFormatter,
     )
     demo.add_argument("--size", type=positive_int, default=128, help="patch extent along y and x")
     demo.add_argument(

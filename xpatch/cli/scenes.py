@@ -25,16 +25,18 @@ import xarray as xr
 from xpatch.cli.apply import (
     apply_options,
     geotiff_result,
+    layout_of_args,
     load_function,
     open_patched_input,
     patch_options,
     write_output,
 )
-from xpatch.cli.common import usage_error
+from xpatch.cli.common import format_sizes, usage_error
 from xpatch.core.errors import OptionError, XPatchError
 from xpatch.io.geotiff import stack_bands
 from xpatch.io.inputs import GEOTIFF_SUFFIXES
 from xpatch.scenes import patch_scenes
+from xpatch.xarray.returns import raised_by_fn
 
 
 def is_scene_pattern(text: str) -> bool:
@@ -93,8 +95,8 @@ def plan_scenes(args: argparse.Namespace) -> tuple:
             f"the matches of {args.input!r} are patched along different dims ({names[0]!r}: "
             f"{dims}, then {other}); pick them with --dims, or run each kind apart."
         )
-    stride = args.stride if args.stride is not None else args.size
-    sp = patch_scenes(scenes, {d: args.size for d in dims}, stride, **patch_options(args))
+    sizes, stride = layout_of_args(args, dims)
+    sp = patch_scenes(scenes, sizes, stride, **patch_options(args))
     results = sp.apply(fn, **apply_options(args))
     geotiff = all(Path(path).suffix.lower() in GEOTIFF_SUFFIXES for path in paths)
     named = {}
@@ -121,18 +123,22 @@ def run_apply_scenes(args: argparse.Namespace) -> int:
     try:
         sp, results, kind, dims = plan_scenes(args)
     except (XPatchError, ValueError, ImportError) as error:
+        if raised_by_fn(error):
+            raise  # the user's function failed: its traceback is what helps
         return usage_error("apply", str(error))
+    shown = ", ".join(list(results)[:3]) + (", ..." if len(results) > 3 else "")
+    suffix = ".tif" if kind == "geotiff" else ".zarr"
+    sizes, strides = layout_of_args(args, dims)
+    print(
+        f"xpatch apply: {len(sp)} patches of {format_sizes(sizes)}, stride "
+        f"{format_sizes(strides)}, window {args.window!r}, in {len(results)} scenes ({shown}) "
+        f"-> {len(results)} {suffix} outputs in {args.output}",
+        flush=True,
+    )
     start = time.perf_counter()
     try:
         blocks = write_output(results, args, format=kind)
     except XPatchError as error:
         return usage_error("apply", str(error))
-    seconds = time.perf_counter() - start
-    shown = ", ".join(list(results)[:3]) + (", ..." if len(results) > 3 else "")
-    suffix = ".tif" if kind == "geotiff" else ".zarr"
-    print(
-        f"xpatch apply: {len(sp)} patches of {args.size} along {dims} in {len(results)} scenes "
-        f"({shown}), window {args.window!r}; wrote {blocks} blocks to {len(results)} "
-        f"{suffix} outputs in {args.output} in {seconds:.1f} s"
-    )
+    print(f"xpatch apply: wrote {blocks} blocks in {time.perf_counter() - start:.1f} s")
     return 0

@@ -51,6 +51,7 @@ def open_input(path: str | Path, variable: str | None = None, chunks: int = 1024
                 "reading GeoTIFF needs rioxarray: pip install 'xarray-patch[geo]'."
             ) from None
         with _readable(path, "a GeoTIFF", rasterio.errors.RasterioError):
+            check_complete_tiff(path)
             opened = rioxarray.open_rasterio(path, chunks={"band": -1, "y": chunks, "x": chunks})
         if isinstance(opened, list):  # pragma: no cover - multi-subdataset files
             raise OptionError(f"INPUT {str(path)!r} holds several subdatasets; convert it first.")
@@ -75,6 +76,35 @@ def open_input(path: str | Path, variable: str | None = None, chunks: int = 1024
     if variable not in names:
         raise OptionError(f"--variable {variable!r} is not in {str(path)!r}; it holds {names}.")
     return dataset[variable]
+
+
+def check_complete_tiff(path: Path) -> None:
+    """Refuse a TIFF whose blocks reach past its end: a truncated copy or download.
+
+    Its header opens, so the damage would only show as a read error deep in the
+    write, naming no file. GDAL lists every block's offset and size (metadata
+    only, about 10 us a block); with pixel interleaving one band's list serves all.
+    """
+    import rasterio
+
+    size = path.stat().st_size
+    with rasterio.open(path) as source:
+        if source.driver != "GTiff":
+            return
+        pixel = source.interleaving is not None and source.interleaving.name.lower() == "pixel"
+        bands = source.indexes[:1] if pixel else source.indexes
+        end = 0
+        for band in bands:
+            for (row, col), _ in source.block_windows(band):
+                offset = source.get_tag_item(f"BLOCK_OFFSET_{col}_{row}", "TIFF", bidx=band)
+                length = source.get_tag_item(f"BLOCK_SIZE_{col}_{row}", "TIFF", bidx=band)
+                end = max(end, int(offset or 0) + int(length or 0))
+    if end > size:
+        raise OptionError(
+            f"INPUT {str(path)!r} is truncated: its blocks reach byte {end}, but the file "
+            f"has {size} bytes (an interrupted copy or download). Copy or download it "
+            "again, or leave it out."
+        )
 
 
 @contextlib.contextmanager

@@ -22,6 +22,7 @@ The manifest is the folder ``out/xpatch-scenes/``:
   an ever larger one.
 - ``lock.json`` while a writer runs (:class:`xpatch.io.record.WriterLock`): one
   writer per folder, so that no two runs update the manifest at once.
+- ``README.txt``: what the folder is, for whoever finds it beside the outputs.
 
 A scene's entry says ``"started"`` before its write starts (``"overwriting"`` when
 a complete output is being replaced) and ``"done"`` once it returned. The rules,
@@ -83,6 +84,22 @@ MANIFEST_FOLDER = "xpatch-scenes"
 
 #: The format of a manifest entry; an entry of another format is refused.
 MANIFEST_FORMAT = 1
+
+#: What ``xpatch-scenes/README.txt`` tells whoever finds the folder beside the outputs.
+MANIFEST_README = """\
+This folder is xpatch's record of the scenes written here (xpatch.write of a
+mapping of scenes, or xpatch apply with a glob INPUT).
+
+<output>.json, one per scene: which computation wrote that output (input,
+function, patch layout, xpatch version) and whether it finished. The same
+command run again skips the finished scenes and resumes the others; another
+computation is refused until you pass --restart (overwrite=True).
+
+lock.json, while a writer runs: who writes (one writer per folder).
+
+Keep this folder as long as you may run the command again. To start afresh,
+delete it together with the outputs.
+"""
 
 #: Characters that cannot be part of a file name on some filesystem xpatch writes to
 #: (Windows refuses ``:*?"<>|``; control characters break listings and shells).
@@ -152,6 +169,7 @@ class Manifest:
         self.name = f"{location.name.rstrip('/')}/{MANIFEST_FOLDER}"
         self.lock = WriterLock(self.fs, self.folder, location.name)
         self.local = location.local
+        self._explained = False  # README.txt written in this run
 
     def path(self, filename: str) -> str:
         """Return the path of the entry of the output ``filename``."""
@@ -189,6 +207,9 @@ class Manifest:
             "updated": datetime.now(UTC).isoformat(timespec="seconds"),
         }
         put_atomically(self.fs, self.path(plan.filename), json.dumps(entry, indent=1).encode())
+        if not self._explained:
+            put_atomically(self.fs, f"{self.folder}/README.txt", MANIFEST_README.encode())
+            self._explained = True
 
     def tidy(self) -> None:
         """Remove the manifest's folder if nothing is left in it (a local folder)."""

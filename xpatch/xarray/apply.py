@@ -37,6 +37,7 @@ from xpatch.xarray.encoding import (
 from xpatch.xarray.layout import Layout
 from xpatch.xarray.provenance import describe_callable, layout_facts, note_result
 from xpatch.xarray.reconstruct import output_coords
+from xpatch.xarray.returns import declare_returns
 from xpatch.xarray.scaled import OutputGrid, output_grid, resampler
 from xpatch.xarray.variables import check_apply_dtype, data_token
 from xpatch.xarray.views import PATCH_DIM
@@ -140,8 +141,16 @@ def apply(
         Largest number of patches per call of ``fn``.
     output_dims
         The non-patched dims of ``fn``'s output and their sizes, in order, e.g.
-        ``{"class": 5}``. Default: the input's non-patched dims (``fn`` keeps
-        them). Declared, not discovered: nothing is computed to find them.
+        ``{"class": 5}`` (``{}`` for none). Left out (None), they are found the
+        way :func:`dask.array.map_blocks` finds ``meta``: ``apply`` calls ``fn``
+        once, while building, on a batch of zeros of one patch (``batch_size``
+        with ``pad_batch``) in the input's dtype, and reads what comes back: the
+        input's non-patched dims if ``fn`` keeps their sizes, none if it drops
+        them; other sizes cannot be named from numbers alone and are refused
+        with an :class:`~xpatch.OptionError` that says how to name them. No data
+        is read or computed for it. Declaring ``output_dims`` and ``dtype``
+        skips the call (for a ``fn`` with side effects, an expensive one, or
+        one that runs only on a cluster's workers).
 
         **Several outputs.** A ``fn`` that returns a dict of arrays (e.g.
         ``{"seg": (b, 3, *patch), "unc": (b, *patch)}``) declares its keys by
@@ -156,10 +165,12 @@ def apply(
         it the same size. A returned key that was not declared, a declared key
         missing, or a non-dict return raise a :class:`~xpatch.PredictionError`.
     dtype
-        dtype of ``fn``'s output; default the input's dtype. Each batch ``fn``
-        returns is checked, then cast: it must be of the declared kind (bool,
-        integer, float or complex; a bool or an integer of either signedness
-        may be declared as any integer dtype), and its values must fit: integers
+        dtype of ``fn``'s output; default: the dtype ``fn`` returns for the
+        batch of zeros (see ``output_dims``): a float model over integer
+        imagery gives floats. Each batch ``fn`` returns is checked, then
+        cast: it must be of the declared kind (bool, integer, float or complex;
+        a bool or an integer of either signedness may be declared as any
+        integer dtype), and its values must fit: integers
         in the dtype's range, floats finite there (NaN and inf that ``fn``
         returns pass; floats may round to a narrower float). Otherwise a
         :class:`~xpatch.PredictionError` names the batch's range, the dtype's
@@ -198,8 +209,8 @@ def apply(
         dtype of the stored result, where ``dtype`` is that of ``fn``'s output:
         the blend is rounded to nearest (ties to even, ``numpy.rint``) for an
         integer ``out_dtype``, clipped to the dtype's range (finite floats stay
-        finite), then cast. Default: a ``"mean"`` of integers (``dtype``, or an
-        integer input with ``dtype=None``) rounds back to that integer dtype, so
+        finite), then cast. Default: a ``"mean"`` of integers (``dtype``, or the
+        integers ``fn`` returns with ``dtype=None``) rounds back to that integer dtype, so
         uint16 in gives uint16 out, and a ``"max"``, ``"min"`` or ``"vote"``
         keeps it, when every cell gets a value or ``nodata`` gives one the
         dtype holds (else float64 with NaN, as before); ``"argmax"``'s label
@@ -303,10 +314,16 @@ def apply(
         )
     reduce = as_reduction(options.reduce, argmax=True)
     nodata = check_nodata_option(options.nodata)
-    output_dims, dtype, out_dtype = options.output_dims, options.dtype, options.out_dtype
-    names = output_names(output_dims, dtype, out_dtype)
-    patch_weights, weight_key = check_apply_weights(layout, options.weights, names, reduce)
     grid = output_grid(layout, options.scale)
+    out_dtype = options.out_dtype
+    names = output_names(options.output_dims, options.dtype, out_dtype)
+    if names is not None and options.output_dims is not None:
+        check_output_layout(layout, options.output_dims, names)  # before fn is called
+    out_patch = tuple(int(s) for s in grid.plan.size)
+    output_dims, dtype, names = declare_returns(layout, fn, options, out_patch, names)
+    for name in names or [None]:
+        check_apply_dtype(obj, pick(dtype, name, names))
+    patch_weights, weight_key = check_apply_weights(layout, options.weights, names, reduce)
     specs = {
         name: _output_spec(
             layout,
@@ -320,9 +337,7 @@ def apply(
         for name in (names or [None])
     }
     if names is not None:
-        for name in names:
-            check_apply_dtype(obj, pick(dtype, name, names))
-        check_output_layout(layout, specs)
+        check_output_layout(layout, output_dims, names)
     carried = [d for d in obj.dims if d not in layout.dims]
     data = obj.transpose(*carried, *layout.dims).data
     outputs = {n: Output(tuple(int(s) for s in o.dims.values()), o.dtype) for n, o in specs.items()}
@@ -580,13 +595,13 @@ def pick(value: object, name: str | None, names: list[str] | None, dims: bool = 
     return value.get(name)
 
 
-def check_output_layout(layout: Layout, specs: Mapping[str, OutputSpec]) -> None:
+def check_output_layout(layout: Layout, output_dims: object, names: list[str]) -> None:
     """Refuse several outputs that cannot share one Dataset with the input's coordinates."""
+    declared = {n: check_output_dims(layout, pick(output_dims, n, names, dims=True)) for n in names}
     taken = set(layout.obj.dims) | set(layout.obj.coords)
-    taken |= {dim for spec in specs.values() for dim in spec.dims}
+    taken |= {dim for dims in declared.values() for dim in dims}
     sizes: dict[Hashable, tuple[str, int]] = {}
-    for name, spec in specs.items():
-        dims = spec.dims
+    for name, dims in declared.items():
         if name in taken:
             raise OptionError(
                 f"the output name {name!r} is also a dim or coordinate of the result; "

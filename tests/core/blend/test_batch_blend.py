@@ -134,7 +134,8 @@ def test_the_path_is_taken_batch_by_batch_and_nan_is_skipped_not_spread(monkeypa
             out[1, :, :32] = np.nan
         return out
 
-    got = p.apply(fn, batch_size=4).values
+    declared = {"output_dims": {"band": 1}, "dtype": "float32"}  # fn is not called to find them
+    got = p.apply(fn, batch_size=4, **declared).values
     assert sizes == calls and sum(sizes) == len(p)  # one add per batch, each patch once
     predictions = (p.patches().transpose("patch", "band", "y", "x").values * 2).astype("f4")
     predictions[8] = np.nan
@@ -193,7 +194,8 @@ def test_fn_is_called_on_the_callers_thread_in_order(monkeypatch):
         seen.append((threading.current_thread(), b[:, 0, 0, 0].tolist()))
         return b
 
-    np.testing.assert_allclose(p.apply(fn, batch_size=6).values, values)
+    declared = {"output_dims": {"band": 1}, "dtype": "float32"}  # fn is not called to find them
+    np.testing.assert_allclose(p.apply(fn, batch_size=6, **declared).values, values)
     assert {thread for thread, _ in seen} == {threading.current_thread()}
     corners = [c for _, batch in seen for c in batch]
     assert corners == [values[0, y, x] for y, x in anchors_of(p)]
