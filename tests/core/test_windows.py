@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import xarray as xr
@@ -118,3 +120,35 @@ def test_factors_turn_to_the_largest_cell_where_the_first_makes_them_inexact():
     np.testing.assert_allclose(np.multiply.outer(*factors), window, rtol=1e-12)
     whole = np.multiply.outer([1.0, 2.0], [1.0, 3.0])  # a whole first cell keeps whole factors
     assert [f.tolist() for f in separable_factors(whole)] == [[1.0, 2.0], [1.0, 3.0]]
+
+
+def test_a_patch_too_large_for_memory_is_refused_before_anything_is_allocated():
+    # y=x=10**9 asked numpy for 7 GiB windows, then exabytes: the kernel killed the
+    # process at 23 GB. In a child limited to 3 GiB of address space, the refusal
+    # must come before any of it.
+    import subprocess
+    import sys
+
+    # The limit is set inside the child (not by preexec_fn, which forks a process whose
+    # threads, JAX's among them, may hold locks).
+    code = (
+        "import resource\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (3 * 2**30, 3 * 2**30))\n"
+        "import numpy as np, xarray as xr, xpatch\n"
+        "da = xr.DataArray(np.zeros((10, 10)), dims=('y', 'x'))\n"
+        "try:\n"
+        "    da.patch(y=10**9, x=10**9, boundary='pad')\n"
+        "except xpatch.GeometryError as error:\n"
+        "    print(error)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"},
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    message = result.stdout
+    assert "size (y: 1000000000, x: 1000000000) is 1e+18 cells a patch" in message, message
+    assert "GiB (float64), over half of this machine's" in message, message

@@ -259,3 +259,22 @@ def test_storage_options_with_a_store_object_are_refused(options, prefix, lazy):
     store = FsspecStore.from_url(f"s3://{prefix}/o.zarr", storage_options=options)
     with pytest.raises(xpatch.OptionError, match="storage_options"):
         xpatch.write(lazy, store, progress=False, storage_options=options)
+
+
+def test_no_credentials_is_an_output_error_naming_the_url_and_the_fix(
+    endpoint, prefix, lazy, monkeypatch, tmp_path
+):
+    # Before: botocore's NoCredentialsError from deep inside s3fs, naming no output.
+    for variable in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE"):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    url = f"s3://{prefix}/o.zarr"
+    without = {"client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"}}
+    with pytest.raises(xpatch.OutputError) as caught:
+        xpatch.write(lazy, url, progress=False, storage_options=without)
+    message = str(caught.value)
+    assert f"cannot write {url!r}: the object store found no credentials" in message, message
+    assert "AWS_ACCESS_KEY_ID" in message and "storage_options=" in message, message

@@ -786,3 +786,38 @@ def test_marker_paths_stay_in_the_record_for_any_variable_name(tmp_path):
         relative = Path(path).relative_to(done)
         assert len(relative.parts) == 2 and ".." not in relative.parts, relative
         assert relative.parts[0] not in (".", "..")
+
+
+# -- a full disk ------------------------------------------------------------------------------
+
+
+def test_a_full_disk_is_an_output_error_naming_the_path_and_the_run_resumes(
+    lazy, tmp_path, monkeypatch
+):
+    # The device fills up after a few chunks (zarr's own writes get ENOSPC, as on a
+    # full disk): before, a raw OSError from inside zarr's store.
+    import errno
+
+    from zarr.storage import LocalStore
+
+    path = tmp_path / "o.zarr"
+    put = LocalStore.set
+    room = {"keys": 20}
+
+    async def set_until_full(self, key, value):
+        if room["keys"] <= 0:
+            raise OSError(errno.ENOSPC, "No space left on device", str(key))
+        room["keys"] -= 1
+        await put(self, key, value)
+
+    monkeypatch.setattr(LocalStore, "set", set_until_full)
+    with pytest.raises(xpatch.OutputError) as caught:
+        resume(applied(lazy), path)
+    message = str(caught.value)
+    assert f"no space left on the device of {str(path)!r}" in message, message
+    assert "run the same call again" in message, message
+    done = markers(path)
+    assert 0 < len(done) < BLOCKS, done  # the blocks stored before the disk filled are kept
+    monkeypatch.setattr(LocalStore, "set", put)  # space was freed
+    assert resume(applied(lazy), path) == BLOCKS - len(done)
+    assert_written(path, expected(lazy))

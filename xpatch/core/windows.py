@@ -8,6 +8,8 @@ a half-sample Hann still sums to a constant at 50 % overlap.
 
 from __future__ import annotations
 
+import math
+import os
 from collections.abc import Hashable, Mapping, Sequence
 from functools import reduce
 from typing import Any, NamedTuple, TypeAlias
@@ -15,7 +17,7 @@ from typing import Any, NamedTuple, TypeAlias
 import numpy as np
 
 from xpatch.core.checks import check_patched_dims
-from xpatch.core.errors import OptionError
+from xpatch.core.errors import GeometryError, OptionError
 
 WindowSpec: TypeAlias = str | tuple[Any, ...] | float | np.ndarray
 
@@ -125,6 +127,43 @@ def check_window_array(
     return window
 
 
+def physical_memory() -> int:
+    """Return this machine's memory in bytes (16 GiB where the system does not say)."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, OSError, ValueError):
+        return 16 * 2**30
+
+
+def check_patch_fits(dims: Sequence[Hashable], shape: tuple[int, ...]) -> None:
+    """Refuse a patch whose float64 window would take over half of this machine's memory.
+
+    Patches are cut, run and blended whole, each with a window of its shape:
+    without this check ``y=x=10**9`` asked numpy for 7 GiB, then for exabytes,
+    and the kernel killed the process.
+
+    Examples
+    --------
+    >>> check_patch_fits(["y", "x"], (512, 512))
+    >>> check_patch_fits(["y", "x"], (10**9, 10**9))
+    Traceback (most recent call last):
+    ...
+    xpatch.core.errors.GeometryError: size (y: 1000000000, x: 1000000000) is 1e+18 cells ...
+    """
+    cells = math.prod(shape)
+    limit = physical_memory() // 2
+    if cells * 8 <= limit:
+        return
+    sizes = ", ".join(f"{d}: {n}" for d, n in zip(dims, shape))
+    raise GeometryError(
+        f"size ({sizes}) is {cells:.3g} cells a patch: its blending window alone would take "
+        f"{cells * 8 / 2**30:.3g} GiB (float64), over half of this machine's "
+        f"{physical_memory() / 2**30:.3g} GiB, before any patch is cut. Patches are held "
+        f"whole in memory: choose a size of at most {limit // 8:.3g} cells a patch (a "
+        "512 x 512 patch is 262144)."
+    )
+
+
 def make_window(
     spec: WindowSpec | Mapping[Hashable, WindowSpec],
     dims: Sequence[Hashable],
@@ -148,6 +187,7 @@ def make_window(
     [[0.5, 0.5], [0.5, 0.5]]
     """
     shape = tuple(int(s) for s in size)
+    check_patch_fits(dims, shape)
     if isinstance(spec, np.ndarray):
         if spec.ndim == len(shape):
             return check_window_array(spec, shape)

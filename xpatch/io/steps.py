@@ -10,7 +10,10 @@ to write one output per scene into a folder.
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+import contextlib
+import errno
+import shutil
+from collections.abc import Hashable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -181,6 +184,50 @@ def refuse_other_run(name: str, layout: list[str], computation: list[str], resum
 def wrote_nothing(output: Output) -> bool:
     """Whether the run its record describes wrote no block: no marker says one is stored."""
     return not output.record.done()
+
+
+#: Errors of object-store clients that mean "no credentials found" (botocore's names).
+CREDENTIAL_ERRORS = ("NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError")
+
+
+@contextlib.contextmanager
+def storage_errors_named(path: Any) -> Iterator[None]:
+    """Turn a full disk or missing credentials while writing ``path`` into an :class:`OutputError`.
+
+    Both come from deep inside the store's library, naming no output and no fix.
+    A full disk stops the write where the space ran out; its record says which
+    blocks are stored, so the same call resumes once there is room.
+    """
+    try:
+        yield
+    except Exception as error:
+        where = str(path)
+        first_line = (str(error).splitlines() or [repr(error)])[0]
+        cause = f"({type(error).__name__}: {first_line})"
+        if any(cls.__name__ in CREDENTIAL_ERRORS for cls in type(error).__mro__):
+            raise OutputError(
+                f"cannot write {where!r}: the object store found no credentials {cause}. "
+                "Set them where its client looks (for S3: AWS_ACCESS_KEY_ID and "
+                "AWS_SECRET_ACCESS_KEY, or AWS_PROFILE), or pass them as "
+                "storage_options={'key': ..., 'secret': ...} (xpatch apply "
+                "--storage-options); a public bucket reads with {'anon': True}."
+            ) from error
+        full = (isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT)) or (
+            "No space left on device" in str(error) or "Disk quota exceeded" in str(error)
+        )
+        if not full:
+            raise
+        free = ""
+        with contextlib.suppress(OSError, ValueError, TypeError):
+            folder = Path(where)
+            while not folder.exists():
+                folder = folder.parent
+            free = f" ({shutil.disk_usage(folder).free / 2**20:.1f} MiB free there now)"
+        raise OutputError(
+            f"no space left on the device of {where!r}{free} {cause}. Free some space, or "
+            "write elsewhere; then run the same call again: the blocks already written are "
+            "kept and the write resumes."
+        ) from error
 
 
 def run_output(

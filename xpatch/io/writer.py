@@ -36,7 +36,14 @@ from typing import Any
 
 import xarray as xr
 
-from xpatch.io.steps import Format, Resume, check_resume, open_output, run_output
+from xpatch.io.steps import (
+    Format,
+    Resume,
+    check_resume,
+    open_output,
+    run_output,
+    storage_errors_named,
+)
 
 
 def write(
@@ -117,7 +124,8 @@ def write(
         stopped beating: see ``break_lock``).
     OutputError
         ``path`` holds an unfinished run of another computation, or its record
-        or metadata are damaged.
+        or metadata are damaged, or its device is full (the same call resumes
+        once there is room), or an object store found no credentials.
 
     Examples
     --------
@@ -131,24 +139,25 @@ def write(
     >>> xpatch.write(da * 2, "memory://demo/twos.zarr", progress=False)
     6
     """
-    if isinstance(result, Mapping) and not isinstance(result, xr.Dataset):
-        # Imported here: xpatch.io.scenes drives the same steps, per scene.
-        from xpatch.io.scenes import write_scenes
+    with storage_errors_named(path):
+        if isinstance(result, Mapping) and not isinstance(result, xr.Dataset):
+            # Imported here: xpatch.io.scenes drives the same steps, per scene.
+            from xpatch.io.scenes import write_scenes
 
-        return write_scenes(
-            result,
-            path,
-            format=format,
-            name=name,
-            resume=resume,
-            overwrite=overwrite,
-            progress=progress,
-            nodata=nodata,
-            storage_options=storage_options,
-            break_lock=break_lock,
+            return write_scenes(
+                result,
+                path,
+                format=format,
+                name=name,
+                resume=resume,
+                overwrite=overwrite,
+                progress=progress,
+                nodata=nodata,
+                storage_options=storage_options,
+                break_lock=break_lock,
+            )
+        check_resume(resume)
+        output, print_ = open_output(
+            result, path, format=format, name=name, nodata=nodata, storage_options=storage_options
         )
-    check_resume(resume)
-    output, print_ = open_output(
-        result, path, format=format, name=name, nodata=nodata, storage_options=storage_options
-    )
-    return run_output(output, print_, resume, overwrite, progress, break_lock)
+        return run_output(output, print_, resume, overwrite, progress, break_lock)
