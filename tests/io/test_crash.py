@@ -497,7 +497,8 @@ def test_a_writer_killed_while_taking_a_lock_over_leaves_nothing_in_the_way(
     claims = list(record_folder(path, fmt).glob("lock.json.takeover-*"))
     assert len(claims) == 1 and not (record_folder(path, fmt) / "lock.json").exists(), claims
     state, found = inspect_kill(path, fmt, references(fmt))
-    assert (state, found) == ("writing", 5)
+    # The writer's other thread may have its marker in flight: one more or one less.
+    assert state == "writing" and 4 <= found <= 6, (state, found)
     outcome = rerun(path, fmt, state, found)
     check_rerun(path, fmt, outcome, references(fmt))
     assert outcome.rerun == "written", outcome
