@@ -149,7 +149,9 @@ def main(argv: list[str] | None = None) -> dict:
     print(
         f"{len(sp.names)} scenes, {len(sp)} patches; {len(losses)} steps, loss "
         f"{first:.3f} -> {last:.3f}; "
-        f"chunk loads {stats.loads} (this process); wrote {blocks} blocks to {out}; "
+        f"chunk loads {stats.loads} "
+        f"({'in this process; the workers read theirs' if args.workers else 'this process'}); "
+        f"wrote {blocks} blocks to {out}; "
         f"accuracy {accuracy:.3f}"
     )
     return {

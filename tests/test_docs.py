@@ -18,7 +18,8 @@ PROSE_ONLY = {"concepts.md"}
 def test_python_blocks_of_each_page_run_in_order(page, tmp_path):
     blocks = fenced_blocks(page.read_text(), "python")
     assert bool(blocks) != (page.name in PROSE_ONLY), f"{page.name}: python blocks changed"
-    namespace: dict = {"__name__": f"docs_{page.stem}"}
+    # Run as a script runs: blocks start their pipelines under `if __name__ == "__main__":`.
+    namespace: dict = {"__name__": "__main__"}
     cwd = os.getcwd()
     os.chdir(tmp_path)  # anything a block writes lands in a temporary folder
     try:

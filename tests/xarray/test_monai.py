@@ -74,3 +74,19 @@ def test_twice_the_resolution_equals_monai():
     assert theirs.shape == (208, 160)
     ours = da.patch(y=32, x=32, stride=24).apply(up2, scale=2).values
     np.testing.assert_allclose(ours, theirs, rtol=1e-12, atol=1e-12)
+
+
+def test_a_deeper_model_differs_from_monai_in_as_many_rows_as_its_reach():
+    """Three 3x3 means in a row reach 3 rows: the rows near the first edge that see
+    MONAI's padding above the image differ, 3 of them, not 1 (docs/models.md)."""
+    da = image((20, 80))
+
+    def three_layers(batch):
+        return mean3x3(mean3x3(mean3x3(batch)))
+
+    theirs = monai(da.values, three_layers, mode="constant", padding_mode="reflect")
+    ours = da.patch(y=32, x=32, stride=24, boundary="pad", pad_mode="reflect").apply(three_layers)
+    ours = ours.values
+    np.testing.assert_allclose(ours[3:], theirs[3:], rtol=1e-12, atol=1e-12)
+    for row in range(3):
+        assert not np.allclose(ours[row], theirs[row]), row
