@@ -248,11 +248,18 @@ def test_a_run_that_failed_before_its_first_block_does_not_stand_in_the_way(
 
 SLOW_MODEL = textwrap.dedent(
     """
+    import os
     import time
+
+    CALLS = [0]
 
 
     def double(batch):
-        time.sleep(0.2)
+        # After two batches, wait while the test holds the run (it then sends Ctrl-C):
+        # however loaded the machine, the run cannot finish before the signal.
+        CALLS[0] += 1
+        while CALLS[0] > 2 and os.path.exists(os.environ.get("XPATCH_TEST_HOLD", "")):
+            time.sleep(0.02)
         return batch * 2
     """
 )
@@ -265,6 +272,8 @@ def test_ctrl_c_stops_with_one_line_and_the_same_command_resumes(scene, tmp_path
 
     model = tmp_path / "slow_model.py"
     model.write_text(SLOW_MODEL)
+    hold = tmp_path / "hold"
+    hold.touch()
     target = tmp_path / "out.zarr"
     argv = base_argv(scene, model, target)
     process = subprocess.Popen(
@@ -272,7 +281,7 @@ def test_ctrl_c_stops_with_one_line_and_the_same_command_resumes(scene, tmp_path
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+        env={**os.environ, "PYTHONWARNINGS": "ignore", "XPATCH_TEST_HOLD": str(hold)},
     )
     try:
         deadline = time.monotonic() + 120
@@ -280,6 +289,8 @@ def test_ctrl_c_stops_with_one_line_and_the_same_command_resumes(scene, tmp_path
             assert process.poll() is None and time.monotonic() < deadline, process.stderr.read()
             time.sleep(0.05)
         process.send_signal(signal.SIGINT)
+        time.sleep(0.5)
+        hold.unlink()  # the batches in flight finish; the run must stop, not go on
         _, err = process.communicate(timeout=60)
     finally:
         process.kill()
