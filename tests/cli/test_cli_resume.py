@@ -276,8 +276,14 @@ def test_ctrl_c_stops_with_one_line_and_the_same_command_resumes(scene, tmp_path
     hold.touch()
     target = tmp_path / "out.zarr"
     argv = base_argv(scene, model, target)
+    # SIGINT's default handler, even where the test runs with SIGINT ignored (a job
+    # started in the background inherits that, and Python then leaves it ignored).
+    command = (
+        "import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+        "sys.argv[0] = 'xpatch'; runpy.run_module('xpatch', run_name='__main__')"
+    )
     process = subprocess.Popen(
-        [sys.executable, "-m", "xpatch", "apply", *argv, "--no-progress"],
+        [sys.executable, "-c", command, "apply", *argv, "--no-progress"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
