@@ -429,19 +429,22 @@ def test_repr_is_the_same_in_another_process_and_tells_data_apart():
 # -- chunk-local shuffle and sharding ---------------------------------------------------
 
 
-def test_chunk_shuffle_visits_chunks_whole_in_a_new_order_every_epoch():
+def test_the_chunk_order_visits_chunks_whole_in_a_new_order_every_epoch():
     src = dask_scene().patch(y=8, x=8, stride=4).to_grain()
     chunk = src.chunk_of_patch()
-    dataset = src.chunk_shuffle(seed=7)
+    dataset = src.chunk_shuffle(seed=7, order="chunk")
     first = epoch_order(dataset)
     assert sorted(first) == list(range(len(src)))
     # Each chunk's patches come as one run.
     runs = chunk[first][np.r_[True, np.diff(chunk[first]) != 0]]
     assert len(runs) == len(set(runs.tolist())) == src.chunk_count
-    two = epoch_order(grain.MapDataset.source(src).pipe(src.chunk_shuffle, seed=7).repeat(2))
+    two = epoch_order(
+        grain.MapDataset.source(src).pipe(src.chunk_shuffle, seed=7, order="chunk").repeat(2)
+    )
     assert two[: len(src)] == first
     assert sorted(two[len(src) :]) == list(range(len(src))) and two[len(src) :] != first
-    assert epoch_order(src.chunk_shuffle(seed=8)) != first
+    assert epoch_order(src.chunk_shuffle(seed=8, order="chunk")) != first
+    assert first == src.chunk_shuffled_order(seed=7, order="chunk").tolist()
     clone = pickle.loads(pickle.dumps(dataset))
     assert epoch_order(clone) == first
 
@@ -453,7 +456,9 @@ def test_chunk_shuffle_reads_far_fewer_chunks_than_a_global_shuffle():
     for kind in ("chunk", "global"):
         src = scene.patch(y=8, x=8, stride=4).to_grain(cache_bytes=4 * chunk_bytes)
         base = grain.MapDataset.source(src)
-        dataset = src.chunk_shuffle(seed=3) if kind == "chunk" else base.shuffle(seed=3)
+        dataset = (
+            src.chunk_shuffle(seed=3, order="chunk") if kind == "chunk" else base.shuffle(seed=3)
+        )
         for i in range(len(dataset)):  # one reader: iterating reads ahead on 16 threads
             dataset[i]
         loads[kind] = src.cache_stats().loads / src.chunk_count

@@ -41,7 +41,7 @@ def test_a_chunk_shuffled_epoch_reads_each_chunk_once_when_the_frames_fit():
     src = lazy.patch(**options).to_grain(cache_bytes=5 * chunk_bytes)
     assert (src.touched_chunks()[:, 1] >= 0).sum() > 0  # patches straddle chunk borders
     assert src.shuffle_groups().ndim == 2
-    dataset = src.chunk_shuffle(seed=5)
+    dataset = src.chunk_shuffle(seed=5, order="chunk")
     expected = reference_items(values, **options)
     for position in range(len(dataset)):
         assert_exact(dataset[position], expected)
@@ -55,7 +55,7 @@ def test_without_room_for_the_frames_the_shuffle_groups_by_anchor_chunk():
     _, lazy = scene()
     src = lazy.patch(y=8, x=8, stride=6).to_grain(cache_bytes=2 * 3 * 32 * 32 * 4)
     np.testing.assert_array_equal(src.shuffle_groups(), src.chunk_of_patch())
-    src.chunk_shuffle(seed=0)
+    src.chunk_shuffle(seed=0, order="chunk")
     assert src.cache_stats().loads == 0  # building the shuffle reads nothing
 
 

@@ -270,14 +270,15 @@ def test_a_checkpoint_names_the_worker_count_it_was_dealt_to():
     next(iterator)
     state = iterator.get_state()
     assert state["xpatch_fingerprint"] == src.fingerprint
-    assert state["xpatch_order"] == "batch=4;chunk_shuffle(seed=0,workers=2,batch=4)"
+    sweep = "order=sweep,mix=12"  # the default cache holds 12 chunks to mix, and more
+    assert state["xpatch_order"] == f"batch=4;chunk_shuffle(seed=0,{sweep},workers=2,batch=4)"
     with pytest.raises(xpatch.OptionError, match="worker_count or batch_size"):
         iter(pipeline(3)).set_state(state)
     restored = iter(pipeline(2))
     restored.set_state(state)
     assert next(restored)["index"].tolist() == next(iterator)["index"].tolist()
     # A pipeline that deals to one worker says so by leaving the dealing out.
-    assert iter(pipeline(1)).get_state()["xpatch_order"] == "batch=4;chunk_shuffle(seed=0)"
+    assert iter(pipeline(1)).get_state()["xpatch_order"] == f"batch=4;chunk_shuffle(seed=0,{sweep})"
 
 
 def test_scenes_whose_dims_come_in_other_orders_are_refused():

@@ -23,8 +23,10 @@ import numpy as np
 
 from xpatch.core.plan import ChunkGrid
 
-#: A frame is kept only if it is smaller than this share of its chunk.
+#: A frame is kept only if it is smaller than this share of its chunk. Under a sweep a
+#: frame of one side per axis replaces a read of the chunk: any frame smaller pays.
 FRAME_SHARE_OF_CHUNK = 0.75
+SWEPT_FRAME_SHARE_OF_CHUNK = 1.0
 
 #: A slab: its slices along the patched axes, and each variable's values there.
 Slab = tuple[tuple[slice, ...], dict[Hashable, np.ndarray]]
@@ -93,6 +95,25 @@ class FrameLayout:
             share += float(np.max((np.asarray(low) + np.asarray(high)) / extent))
         return share
 
+    def swept_share(self, grid: ChunkGrid) -> float:
+        """Return the mean share of a chunk a sweep's frame keeps: one side per axis.
+
+        Per axis, the larger of the mean depths at the low and at the high edge,
+        over the mean chunk extent, summed over the axes.
+
+        Examples
+        --------
+        >>> grid = ChunkGrid.from_chunks([(10, 10, 10)])
+        >>> layout = FrameLayout.measure(grid, np.array([[0], [8], [18]]), [4])
+        >>> layout.low, layout.high, round(layout.swept_share(grid), 3)
+        (((0, 2, 2),), ((2, 2, 0),), 0.133)
+        """
+        share = 0.0
+        for low, high, starts in zip(self.low, self.high, grid.starts):
+            extent = float(np.mean(np.diff(np.asarray(starts))))
+            share += max(float(np.mean(low)), float(np.mean(high))) / extent
+        return share
+
     def total_cells(self, grid: ChunkGrid) -> int:
         """Count the cells of every chunk's frame together (corners counted twice)."""
         lengths = [int(s[-1]) for s in grid.starts]
@@ -102,10 +123,22 @@ class FrameLayout:
             total += (sum(low) + sum(high)) * others
         return total
 
-    def slabs(self, grid: ChunkGrid, block: Sequence[int]) -> list[tuple[slice, ...]]:
+    def slabs(
+        self, grid: ChunkGrid, block: Sequence[int], toward: Sequence[bool] | None = None
+    ) -> list[tuple[slice, ...]]:
         """Return the slab regions of ``block``'s frame (slices along the patched axes).
 
-        Empty when the frame would not be much smaller than the chunk.
+        Empty when the frame would not be much smaller than the chunk. ``toward``
+        keeps, per axis, only the slab at the low edge (True) or at the high edge
+        (False): a sweep visits the neighbour on that side later; then any frame
+        smaller than the chunk is kept.
+
+        Examples
+        --------
+        >>> grid = ChunkGrid.from_chunks([(10, 10, 10)])
+        >>> layout = FrameLayout.measure(grid, np.array([[0], [8], [18]]), [4])
+        >>> layout.slabs(grid, (1,)), layout.slabs(grid, (1,), toward=(False,))
+        ([(slice(10, 12, None),), (slice(18, 20, None),)], [(slice(18, 20, None),)])
         """
         region = grid.region(block)
         extent = [sl.stop - sl.start for sl in region]
@@ -113,6 +146,8 @@ class FrameLayout:
         chunk_cells = int(np.prod(extent))
         for j, b in enumerate(block):
             for depth, at_low in ((self.low[j][b], True), (self.high[j][b], False)):
+                if toward is not None and at_low != toward[j]:
+                    continue
                 depth = min(depth, extent[j])
                 if depth == 0:
                     continue
@@ -121,7 +156,8 @@ class FrameLayout:
                 slab[j] = slice(lo, lo + depth)
                 slabs.append(tuple(slab))
                 cells += chunk_cells // extent[j] * depth
-        if cells >= FRAME_SHARE_OF_CHUNK * chunk_cells:
+        limit = FRAME_SHARE_OF_CHUNK if toward is None else SWEPT_FRAME_SHARE_OF_CHUNK
+        if cells >= limit * chunk_cells:
             return []
         return slabs
 

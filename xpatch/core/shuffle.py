@@ -103,20 +103,35 @@ def worker_permutation(
     groups = np.asarray(groups)
     if worker_count == 1:
         return chunk_local_permutation(groups, seed, epoch)
-    n = len(groups)
+    placed = groups if groups.ndim == 1 else groups[:, 0]
+    in_chunk_order = np.argsort(placed, kind="stable")
+    order = np.empty(len(groups), dtype=np.int64)
+    for positions, (start, stop) in worker_runs(len(groups), epoch, worker_count, batch_size):
+        run = in_chunk_order[start:stop]
+        order[positions] = run[chunk_local_permutation(groups[run], seed, epoch)]
+    return order
+
+
+def worker_runs(n: int, epoch: int, worker_count: int, batch_size: int) -> list:
+    """Per worker: ``(its positions, (start, stop) of the run of the order it gets)``.
+
+    Worker ``w`` of ``mp_prefetch`` takes every ``worker_count``-th batch of
+    ``batch_size``; it gets one contiguous run of an order, as long as its share.
+
+    Examples
+    --------
+    >>> [(p.nonzero()[0].tolist(), run) for p, run in worker_runs(8, 0, 2, 2)]
+    [([0, 1, 4, 5], (0, 4)), ([2, 3, 6, 7], (4, 8))]
+    """
     # Batches run on across epochs (.repeat() before .batch()): epoch e starts at
     # element e * n of the stream, not at worker 0's first batch.
     worker = ((np.arange(n) + epoch * n) // batch_size) % worker_count
     counts = np.bincount(worker, minlength=worker_count)
-    placed = groups if groups.ndim == 1 else groups[:, 0]
-    in_chunk_order = np.argsort(placed, kind="stable")
-    order = np.empty(n, dtype=np.int64)
     # The runs rotate from epoch to epoch, so that no worker keeps the same chunks.
     runs = [(w + epoch) % worker_count for w in range(worker_count)]
-    start = 0
+    dealt, start = [], 0
     for run_index in range(worker_count):
         w = runs.index(run_index)
-        run = in_chunk_order[start : start + counts[w]]
-        start += counts[w]
-        order[worker == w] = run[chunk_local_permutation(groups[run], seed, epoch)]
-    return order
+        dealt.append((worker == w, (start, start + int(counts[w]))))
+        start += int(counts[w])
+    return dealt

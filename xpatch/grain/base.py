@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Hashable
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
-from xpatch.core.shuffle import chunk_local_permutation
+from xpatch.core.errors import OptionError
+from xpatch.core.shuffle import check_count, check_seed, chunk_local_permutation
+from xpatch.core.sweep import sweep_permutation, sweep_ranks
 
 GRAIN_HINT = 'pip install "xarray-patch[grain]" (or pip install grain)'
 
@@ -97,6 +99,38 @@ class Source:
         """Compute the 16 hex digits of :attr:`fingerprint`."""
         raise NotImplementedError
 
+    # -- what a sweep reads (:mod:`xpatch.core.sweep`) ----------------------------------
+
+    def touched_chunks(self) -> np.ndarray:  # pragma: no cover - every source defines it
+        """``(n, m)``: the global ids of the chunks each patch touches, -1 padded."""
+        raise NotImplementedError
+
+    def chunk_grids(self) -> list[tuple[int, ...]]:  # pragma: no cover - every source defines it
+        """Return the number of chunks along each patched axis, per scene (global ids follow)."""
+        raise NotImplementedError
+
+    def sweep_settings(
+        self, mix: int | None, ahead: int | None
+    ) -> tuple[int, int]:  # pragma: no cover - every source defines it
+        """Return ``(mix, ahead)`` for a sweep within the cache, and keep frames for it."""
+        raise NotImplementedError
+
+    def read_ahead(self, chunk: int) -> None:  # pragma: no cover - every source defines it
+        """Load chunk ``chunk`` (a global id) into the cache before a patch asks for it."""
+        raise NotImplementedError
+
+    def release(
+        self, chunk: int, keep_frame: bool
+    ) -> None:  # pragma: no cover - every source defines it
+        """Drop chunk ``chunk`` (a global id) from the cache, keeping its frame or not."""
+        raise NotImplementedError
+
+    def face_sweep(
+        self, reversed_axes: list[tuple[bool, ...]]
+    ) -> None:  # pragma: no cover - every source defines it
+        """Keep only the frame sides facing what a sweep visits later (per scene, per axis)."""
+        raise NotImplementedError
+
     @property
     def fingerprint(self) -> str:
         """16 hex digits that identify the patches this source serves: layout and data.
@@ -110,11 +144,18 @@ class Source:
 
     # -- pipelines --------------------------------------------------------------------
 
-    def chunk_shuffled_order(self, seed: int, epoch: int = 0) -> np.ndarray:
-        """Return the patch order of a chunk-local shuffled epoch (an array of indices).
+    def chunk_shuffled_order(
+        self,
+        seed: int,
+        epoch: int = 0,
+        order: Literal["sweep", "chunk"] = "sweep",
+        mix: int | None = None,
+    ) -> np.ndarray:
+        """Return the patch order of a chunk-shuffled epoch (an array of indices).
 
-        The same order :meth:`chunk_shuffle` serves, without Grain: a sampler
-        for PyTorch's ``DataLoader(src, sampler=...)`` or any other loop.
+        The same order :meth:`chunk_shuffle` serves (one process, the whole
+        source), without Grain: a sampler for PyTorch's ``DataLoader(src,
+        sampler=...)`` or any other loop. Nothing is read ahead along it.
 
         Examples
         --------
@@ -127,7 +168,14 @@ class Source:
         >>> bool((order != src.chunk_shuffled_order(seed=0, epoch=1)).any())
         True
         """
-        return chunk_local_permutation(self.shuffle_groups(), seed, epoch)
+        check_seed(seed)
+        if order == "chunk":
+            return chunk_local_permutation(self.shuffle_groups(), seed, epoch)
+        if order != "sweep":
+            raise OptionError(f"order={order!r} is not one of ('sweep', 'chunk').")
+        mix, _ = self.sweep_settings(None if mix is None else check_count("mix", mix), None)
+        ranks, _ = sweep_ranks(self.chunk_grids(), seed, epoch)
+        return sweep_permutation(self.touched_chunks(), ranks, mix, seed, epoch)
 
     def chunk_shuffle(
         self,
@@ -137,19 +185,31 @@ class Source:
         shard_options: Any = None,
         worker_count: int = 1,
         batch_size: int = 1,
+        order: Literal["sweep", "chunk"] = "sweep",
+        mix: int | None = None,
+        read_ahead: int | None = None,
     ) -> Any:
-        """Shuffle chunk by chunk: chunks in a random order, their patches in a random order.
+        """Shuffle so that each chunk is read once per epoch: a sweep, mixed, read ahead.
 
         Every epoch (every pass of ``len(self)`` indices, as after ``.repeat()``)
-        has its own permutation, the same in every process for the same seed. One
-        chunk's patches come together, so a cache much smaller than the data serves
-        the epoch, where a global ``.shuffle`` reads each chunk many times: with half
-        of 4 x 4 chunks cached, 1 read per chunk against 18 (figures in
-        ``docs/grain.md``). A patch straddling chunk borders comes with the last of
-        its chunks when the cache has room for the chunks' frames
-        (:meth:`shuffle_groups`), else with the chunk of its anchor.
-        Use it when the data is larger than the cache; shuffle the batches if they
-        need more mixing. Its own iterators carry :attr:`fingerprint` in their state.
+        has its own order, the same in every process for the same seed, and serves
+        every patch once. The default order is a sweep (:mod:`xpatch.core.sweep`):
+        each scene's chunks row after row (the scenes, the direction of every axis
+        and the order of axes of as many chunks drawn at random per epoch), a patch
+        coming when the last chunk it touches is visited, and the patches of
+        ``mix`` consecutive chunks interleaved at random. The chunks waiting for
+        their next row keep only the edges their straddling patches need (their
+        frames), and the chunks of the coming positions are read in background
+        threads while the current ones are served; a chunk is dropped as soon as
+        no coming position needs it. Each chunk is then read and decoded once per
+        epoch within a cache of a few percent of the data (figures in
+        ``docs/grain.md``), where a random order of chunks reloaded a chunk for
+        each neighbour whose straddling patches needed it.
+
+        A batch of 16 holds patches of about 9 chunks at the default ``mix``
+        (a global shuffle: about 16); shuffle the batches, or raise ``mix`` with
+        ``cache_bytes``, for more mixing. Its own iterators carry
+        :attr:`fingerprint` in their state.
 
         Parameters
         ----------
@@ -169,9 +229,20 @@ class Source:
             With ``.batch(batch_size)`` and ``mp_prefetch`` of ``worker_count``
             workers after the shuffle, give both: Grain hands worker ``w`` every
             ``worker_count``-th batch, so each epoch is dealt to the workers as
-            contiguous runs of the chunk order, and each worker reads only its
-            own chunks (in its own cache) instead of every chunk. The patches
-            and their mix per epoch are unchanged.
+            contiguous runs of the order, and each worker reads only its own
+            chunks (in its own cache) instead of every chunk.
+        order
+            ``"sweep"`` (default) as above; ``"chunk"``: chunks in a random order,
+            each with its patches (xpatch's order before the sweep: it reads each
+            chunk once only when the cache holds every chunk's frame besides a
+            chunk, and reads nothing ahead).
+        mix
+            How many consecutive chunks of the sweep have their patches
+            interleaved. Default: up to 12, as many as ``cache_bytes`` holds
+            besides the chunks read ahead and the waiting row's frames.
+        read_ahead
+            How many chunks are read ahead of use, in as many threads (0: none).
+            Default: up to 8, as ``cache_bytes`` allows.
 
         Returns
         -------
@@ -180,17 +251,26 @@ class Source:
         Examples
         --------
         >>> import numpy as np, xarray as xr, xpatch
-        >>> da_ = xr.DataArray(np.zeros((64, 64)), dims=("y", "x")).chunk(32)
-        >>> src = da_.patch(y=16, x=16).to_grain()
+        >>> da_ = xr.DataArray(np.zeros((64, 64)), dims=("y", "x")).chunk(16)
+        >>> src = da_.patch(y=8, x=8, stride=6).to_grain()
         >>> order = [int(item["index"]) for item in src.chunk_shuffle(seed=0)]
-        >>> chunks = src.chunk_of_patch()[order]
-        >>> sorted(order) == list(range(16)), int((np.diff(chunks) != 0).sum())
-        (True, 3)
+        >>> sorted(order) == list(range(len(src))), src.cache_stats().loads  # 16 chunks
+        (True, 16)
         """
         require_grain()
         from xpatch.grain.datasets import chunk_shuffle
 
-        return chunk_shuffle(self, dataset, seed, shard_options, worker_count, batch_size)
+        return chunk_shuffle(
+            self,
+            dataset,
+            seed,
+            shard_options,
+            worker_count,
+            batch_size,
+            order,
+            mix,
+            read_ahead,
+        )
 
     def with_fingerprint(self, dataset: Any) -> Any:
         """Put this source's :attr:`fingerprint` in the state of ``dataset``'s iterators.

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import grain
 import numpy as np
@@ -26,6 +26,12 @@ from xpatch.core.shuffle import (
     check_seed,
     worker_permutation,
 )
+from xpatch.core.sweep import sweep_permutation, sweep_ranks
+from xpatch.grain.readahead import SweepReads
+
+#: The orders :meth:`~xpatch.grain.base.Source.chunk_shuffle` offers.
+Order = Literal["sweep", "chunk"]
+ORDERS = ("sweep", "chunk")
 
 
 class ShuffledSource(Protocol):
@@ -40,6 +46,16 @@ class ShuffledSource(Protocol):
     def chunk_of_patch(self) -> np.ndarray: ...  # noqa: D102
 
     def shuffle_groups(self) -> np.ndarray: ...  # noqa: D102
+
+    def touched_chunks(self) -> np.ndarray: ...  # noqa: D102
+
+    def chunk_grids(self) -> list[tuple[int, ...]]: ...  # noqa: D102
+
+    def sweep_settings(self, mix: int | None, ahead: int | None) -> tuple[int, int]: ...  # noqa: D102
+
+    def read_ahead(self, chunk: int) -> None: ...  # noqa: D102
+
+    def release(self, chunk: int, keep_frame: bool) -> None: ...  # noqa: D102
 
 
 #: Keys of a fingerprinted iterator state: the source's fingerprint, a readable
@@ -62,15 +78,38 @@ def chunk_shuffle(
     shard_options: Any,
     worker_count: int = 1,
     batch_size: int = 1,
+    order: Order = "sweep",
+    mix: int | None = None,
+    read_ahead: int | None = None,
 ) -> ChunkShuffleMapDataset:
     """Build ``source.chunk_shuffle(dataset, seed=..., ...)`` (see there)."""
     worker_count = check_count("worker_count", worker_count)
     batch_size = check_count("batch_size", batch_size)
+    if order not in ORDERS:
+        raise OptionError(
+            f"order={order!r} is not one of {ORDERS}: 'sweep' reads each chunk once per "
+            "epoch within the cache's budget, 'chunk' is the order of xpatch 0.x (chunks at "
+            "random, their patches together)."
+        )
+    if mix is not None:
+        mix = check_count("mix", mix)
+    if read_ahead is not None and (
+        isinstance(read_ahead, bool)
+        or not isinstance(read_ahead, int | np.integer)
+        or read_ahead < 0
+    ):
+        raise OptionError(f"read_ahead={read_ahead!r} must be an int >= 0 (0: no reads ahead).")
     if dataset is None:
         dataset = grain.MapDataset.source(source)
     groups = source.chunk_of_patch()
     # Shards split the patches by anchor chunk; the order may group them otherwise.
-    visits = source.shuffle_groups()
+    sweep = None
+    if order == "sweep":
+        mix, ahead = source.sweep_settings(mix, read_ahead)
+        visits = source.touched_chunks()
+        sweep = Sweep(source.chunk_grids(), mix, ahead)
+    else:
+        visits = source.shuffle_groups()
     if len(dataset) != len(groups):
         raise OptionError(
             f"dataset has {len(dataset)} elements and the source {len(groups)} patches; "
@@ -90,7 +129,32 @@ def chunk_shuffle(
         members=members,
         source=source,
         dealt=(worker_count, batch_size),
+        sweep=sweep,
     )
+
+
+class Sweep:
+    """What a sweep order needs besides the patches' chunks: the grids, ``mix`` and ``ahead``.
+
+    Parameters
+    ----------
+    grids
+        The number of chunks along each patched axis, per scene.
+    mix
+        How many consecutive chunks of the sweep have their patches interleaved.
+    ahead
+        How many chunks are read ahead of use (0: none).
+    """
+
+    def __init__(self, grids: Sequence[Sequence[int]], mix: int, ahead: int) -> None:
+        self.grids = [tuple(int(n) for n in g) for g in grids]
+        self.mix = int(mix)
+        self.ahead = int(ahead)
+
+    @property
+    def chunk_count(self) -> int:
+        """Number of chunks over every grid."""
+        return int(sum(np.prod(g, dtype=np.int64) for g in self.grids))
 
 
 def shard_range(count: int, shard_options: Any) -> tuple[int, int]:
@@ -145,6 +209,10 @@ class ChunkShuffleMapDataset(grain.MapDataset):
         ``(worker_count, batch_size)``: each epoch's order is dealt to
         ``mp_prefetch`` workers that take every ``worker_count``-th batch of
         ``batch_size`` (:func:`~xpatch.core.shuffle.worker_permutation`).
+    sweep
+        Order the epochs as a sweep (:mod:`xpatch.core.sweep`), with ``groups``
+        the chunks every patch touches, and read ahead of it; default: chunks
+        in a random order, each with its patches.
     """
 
     _MUTATES_ELEMENT_SPEC = False
@@ -158,9 +226,12 @@ class ChunkShuffleMapDataset(grain.MapDataset):
         members: np.ndarray | None = None,
         source: ShuffledSource | None = None,
         dealt: tuple[int, int] = (1, 1),
+        sweep: Sweep | None = None,
     ) -> None:
         super().__init__(parent)
         self._dealt = dealt
+        self._sweep = sweep
+        self._reads: SweepReads | None = None
         self._seed = check_seed(seed)
         self._members = np.arange(len(parent)) if members is None else np.asarray(members)
         self._groups = np.asarray(groups)[self._members]
@@ -190,7 +261,9 @@ class ChunkShuffleMapDataset(grain.MapDataset):
             shard = f",shard={tokenize(self._members)[:8]}"
         workers, batch = self._dealt
         dealt = f",workers={workers},batch={batch}" if workers > 1 else ""
-        return f"chunk_shuffle(seed={self._seed}{shard}{dealt})"
+        # The chunk order as before the sweep, so that its checkpoints still restore.
+        kind = "" if self._sweep is None else f",order=sweep,mix={self._sweep.mix}"
+        return f"chunk_shuffle(seed={self._seed}{kind}{shard}{dealt})"
 
     def __str__(self) -> str:
         return f"ChunkShuffleMapDataset(seed={self._seed})"
@@ -199,6 +272,7 @@ class ChunkShuffleMapDataset(grain.MapDataset):
         state = self.__dict__.copy()
         state["_lock"] = None
         state["_permutations"] = {}
+        state["_reads"] = None  # threads: each process reads ahead for itself
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -220,7 +294,13 @@ class ChunkShuffleMapDataset(grain.MapDataset):
             cached = self._permutations.get(epoch)
         if cached is not None:
             return cached
-        order = worker_permutation(self._groups, self._seed, epoch, *self._dealt)
+        if self._sweep is None:
+            order = worker_permutation(self._groups, self._seed, epoch, *self._dealt)
+        else:
+            ranks, _ = self.sweep_ranks(epoch)
+            order = sweep_permutation(
+                self._groups, ranks, self._sweep.mix, self._seed, epoch, *self._dealt
+            )
         with self._lock:
             # Two epochs are live at a boundary when prefetching runs ahead.
             if len(self._permutations) >= 2:
@@ -233,13 +313,38 @@ class ChunkShuffleMapDataset(grain.MapDataset):
         member = self._members[self.permutation(epoch)[within]]
         return int(member) + epoch * len(self._parent)
 
+    def sweep_ranks(self, epoch: int) -> tuple[np.ndarray, list[tuple[bool, ...]]]:
+        """Epoch ``epoch``'s sweep: every chunk's visit rank, and which axes run high to low."""
+        return sweep_ranks(self._sweep.grids, self._seed, epoch)
+
+    def _reading(self) -> SweepReads:
+        with self._lock:
+            if self._reads is None:
+                self._reads = SweepReads(
+                    self._source,
+                    self._groups,
+                    self._sweep.chunk_count,
+                    self.permutation,
+                    self.sweep_ranks,
+                    self._sweep.ahead,
+                    self._dealt,
+                )
+            return self._reads
+
     def __getitem__(self, index: Any) -> Any:
         if isinstance(index, slice):
             return self.slice(index)
-        return self._parent[self._shuffled_index(index)]
+        if self._sweep is None or self._source is None:
+            return self._parent[self._shuffled_index(index)]
+        reads = self._reading()
+        reads.reached(index)
+        try:
+            return self._parent[self._shuffled_index(index)]
+        finally:
+            reads.finished(index)
 
     def _getitems(self, indices: Sequence[int]) -> Any:
-        return self._parent._getitems([self._shuffled_index(i) for i in indices])
+        return [self[i] for i in indices]
 
 
 def pipeline_order(dataset: Any) -> str:

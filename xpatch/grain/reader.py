@@ -17,9 +17,10 @@ from collections.abc import Hashable, Sequence
 import numpy as np
 import xarray as xr
 
-from xpatch.core.chunk_cache import ChunkCache, assemble_patch, read_region
+from xpatch.core.chunk_cache import ChunkCache, assemble_patch, read_region, stored_array
 from xpatch.core.chunk_frames import (
     FRAME_SHARE_OF_CHUNK,
+    SWEPT_FRAME_SHARE_OF_CHUNK,
     FrameLayout,
     covering_slab,
     cut_frame,
@@ -44,6 +45,7 @@ class VariablePlan:
         "pad_value",
         "patch_shape",
         "patch_size",
+        "stored",
         "var",
     )
 
@@ -66,6 +68,8 @@ class VariablePlan:
         self.dtype = var.dtype
         self.pad_value = check_pad_value(pad_value, var.dtype)
         self.lazy = is_dask_backed(var)
+        #: What the dask chunks are sliced from, when they are that unchanged (a store).
+        self.stored = stored_array(var.data) if self.lazy else None
 
 
 def variable_index(plan: VariablePlan, region: Sequence[slice], clip: bool = False) -> tuple:
@@ -117,6 +121,8 @@ class PatchReader:
         self.window = window
         self.cache_bytes = int(cache_bytes)
         self.frames: FrameLayout | None = None  # set when frames are kept
+        #: Per axis, the one frame side a sweep keeps (low: True), or None for both.
+        self.toward: tuple[bool, ...] | None = None
         self._anchors = anchors
         self._layout: FrameLayout | None = None
         self.cache = ChunkCache(self.cache_bytes)
@@ -174,13 +180,54 @@ class PatchReader:
         layout = self._frame_layout()
         if layout.any() and layout.largest_share(self.grid) >= FRAME_SHARE_OF_CHUNK:
             return None
+        cell_bytes = self._cell_bytes()
+        return layout.total_cells(self.grid) * cell_bytes, self._largest_chunk_bytes()
+
+    def block_of(self, chunk: int) -> tuple[int, ...]:
+        """Return the block index of the chunk with flat (C-order) index ``chunk``."""
+        return tuple(int(i) for i in np.unravel_index(int(chunk), self.grid.numblocks))
+
+    def read_ahead(self, chunk: int) -> None:
+        """Load the chunk with flat index ``chunk`` into the cache before a patch asks for it."""
+        if self.grid is not None and any(plan.lazy for plan in self.plans):
+            block = self.block_of(chunk)
+            self.cache.get(self._key(block), lambda: self._load(block), ahead=True)
+
+    def release(self, chunk: int, keep_frame: bool) -> None:
+        """Drop the chunk with flat index ``chunk``, keeping its frame or not (see the cache)."""
+        if self.grid is not None:
+            self.cache.release(self._key(self.block_of(chunk)), keep_frame)
+
+    def sweep_costs(self) -> tuple[int, float]:
+        """``(bytes of the largest chunk, bytes a waiting chunk keeps / its bytes)``.
+
+        A chunk waiting for its neighbours' straddling patches keeps its frame when
+        frames pay, else the whole chunk. ``(0, 0.0)`` without dask chunks.
+        """
+        if self.grid is None or not any(plan.lazy for plan in self.plans):
+            return 0, 0.0
+        share = self._frame_layout().swept_share(self.grid)
+        return self._largest_chunk_bytes(), min(share, 1.0)
+
+    def face_sweep(self, reversed_axes: Sequence[bool]) -> None:
+        """Keep, of an evicted chunk, only the frame sides facing the chunks a sweep visits later.
+
+        Per axis, the low side when the sweep runs from high to low, else the high side.
+        """
+        self.toward = tuple(bool(r) for r in reversed_axes)
+
+    def _cell_bytes(self) -> int:
+        # Bytes of one cell of the patched axes, over every variable read from chunks.
         cell_bytes = 0
         for plan in self.plans:
             if plan.lazy:
                 others = [n for ax, n in enumerate(plan.var.shape) if ax not in plan.axes]
                 cell_bytes += plan.dtype.itemsize * int(np.prod(others, dtype=np.int64))
+        return cell_bytes
+
+    def _largest_chunk_bytes(self) -> int:
         largest = int(np.prod([max(np.diff(s)) for s in self.grid.starts], dtype=np.int64))
-        return layout.total_cells(self.grid) * cell_bytes, largest * cell_bytes
+        return largest * self._cell_bytes()
 
     def keep_frames(self) -> None:
         """Keep the frames of evicted chunks from now on (a chunk shuffle asks for it).
@@ -261,7 +308,14 @@ class PatchReader:
             if plan.lazy:
                 # The calling thread computes: Grain's read threads and worker
                 # processes are the parallelism; a nested thread pool would contend.
-                value = read_region(plan.var.data, plan.axes, [region[j] for j in plan.columns])
+                slices = [region[j] for j in plan.columns]
+                if plan.stored is not None:
+                    index = [slice(None)] * plan.var.ndim
+                    for ax, sl in zip(plan.axes, slices):
+                        index[ax] = sl
+                    value = np.asarray(plan.stored[tuple(index)])
+                else:
+                    value = read_region(plan.var.data, plan.axes, slices)
                 # A view: the block may be the one the caller's dask graph holds.
                 value = value.view()
                 value.setflags(write=False)
@@ -273,14 +327,15 @@ class PatchReader:
         if self.frames is None:
             return None
         block = key if self.prefix is None else key[1]
-        slabs = self.frames.slabs(self.grid, block)
+        slabs = self.frames.slabs(self.grid, block, self.toward)
         if not slabs:
             return None
         columns = {plan.name: list(zip(plan.axes, plan.columns)) for plan in self.plans}
         frame = cut_frame(self.grid.region(block), slabs, chunk, columns)
         whole = sum(v.nbytes for v in chunk.values())
         # A variable lacking a patched axis is copied whole into each slab along it.
-        return frame if frame_bytes(frame) < FRAME_SHARE_OF_CHUNK * whole else None
+        limit = FRAME_SHARE_OF_CHUNK if self.toward is None else SWEPT_FRAME_SHARE_OF_CHUNK
+        return frame if frame_bytes(frame) < limit * whole else None
 
     def _cut(self, plan: VariablePlan, anchor: tuple[int, ...], pieces: list) -> np.ndarray:
         local = [anchor[j] for j in plan.columns]

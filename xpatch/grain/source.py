@@ -30,6 +30,7 @@ from dask.base import tokenize
 
 from xpatch.core.chunk_cache import DEFAULT_CACHE_BYTES, CacheStats
 from xpatch.core.errors import DimensionError, OptionError, PredictionError
+from xpatch.core.sweep import reads_span, sweep_budget, waiting_row
 from xpatch.grain.base import Source, mark_absl_flags_parsed
 from xpatch.grain.reader import PatchReader, VariablePlan
 from xpatch.xarray.georef import patch_transforms
@@ -302,6 +303,33 @@ class PatchSource(Source):
             return self.chunk_of_patch()
         self._reader.keep_frames()
         return self.touched_chunks()
+
+    def chunk_grids(self) -> list[tuple[int, ...]]:
+        """Return the number of chunks along each patched axis: ``[(1,)]`` without chunks."""
+        grid = self._reader.grid
+        return [grid.numblocks if grid is not None else (1,)]
+
+    def sweep_settings(self, mix: int | None, ahead: int | None) -> tuple[int, int]:
+        """Return ``(mix, ahead)`` of a sweep within ``cache_bytes``; keep frames when they pay."""
+        chunk_bytes, share = self._reader.sweep_costs()
+        if 0 < share < 1:
+            self._reader.keep_frames()
+        waiting = waiting_row(self.chunk_grids()[0]) * share * chunk_bytes
+        span = reads_span(len(self), self.chunk_count)
+        cache_bytes = self._reader.cache_bytes
+        return sweep_budget(cache_bytes, chunk_bytes, int(waiting), span, mix, ahead)
+
+    def read_ahead(self, chunk: int) -> None:
+        """Load chunk ``chunk`` (a flat C-order index) into this process's cache."""
+        self._reader.read_ahead(chunk)
+
+    def release(self, chunk: int, keep_frame: bool) -> None:
+        """Drop chunk ``chunk`` from this process's cache, keeping its frame or not."""
+        self._reader.release(chunk, keep_frame)
+
+    def face_sweep(self, reversed_axes: list[tuple[bool, ...]]) -> None:
+        """Keep, of evicted chunks, the frame sides facing the chunks the sweep visits later."""
+        self._reader.face_sweep(reversed_axes[0])
 
     def make_fingerprint(self) -> str:
         """Compute :attr:`fingerprint`: 16 hex digits for the layout and the data served.

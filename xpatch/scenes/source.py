@@ -19,6 +19,7 @@ from dask.base import tokenize
 
 from xpatch.core.chunk_cache import DEFAULT_CACHE_BYTES, CacheStats, ChunkCache
 from xpatch.core.errors import OptionError, XPatchError
+from xpatch.core.sweep import reads_span, sweep_budget, waiting_row
 from xpatch.grain.base import Source, mark_absl_flags_parsed
 from xpatch.grain.source import PatchSource
 from xpatch.scenes.index import SceneIndex
@@ -259,6 +260,46 @@ class SceneSource(Source):
                 source.reader.keep_frames()
             self._cache.shrink = self._frame_of
         return self.touched_chunks()
+
+    def chunk_grids(self) -> list[tuple[int, ...]]:
+        """Each scene's number of chunks along its patched axes, in scene order."""
+        return [source.chunk_grids()[0] for source in self._sources]
+
+    def sweep_settings(self, mix: int | None, ahead: int | None) -> tuple[int, int]:
+        """Return ``(mix, ahead)`` of a sweep within the shared cache; keep frames that pay."""
+        costs = [s.reader.sweep_costs() for s in self._sources]
+        if any(0 < share < 1 for _, share in costs) and not self._frames:
+            self._frames = True
+            for source, (_, share) in zip(self._sources, costs):
+                if 0 < share < 1:
+                    source.reader.keep_frames()
+            self._cache.shrink = self._frame_of
+        waiting = max(
+            waiting_row(grid) * share * chunk_bytes
+            for grid, (chunk_bytes, share) in zip(self.chunk_grids(), costs)
+        )
+        largest = max(chunk_bytes for chunk_bytes, _ in costs)
+        span = reads_span(len(self), self.chunk_count)
+        return sweep_budget(self._cache_bytes, largest, int(waiting), span, mix, ahead)
+
+    def _scene_of(self, chunk: int) -> tuple[PatchSource, int]:
+        k = int(np.searchsorted(self._chunk_offsets, chunk, side="right")) - 1
+        return self._sources[k], int(chunk) - int(self._chunk_offsets[k])
+
+    def read_ahead(self, chunk: int) -> None:
+        """Load global chunk ``chunk`` into the shared cache."""
+        source, local = self._scene_of(chunk)
+        source.read_ahead(local)
+
+    def release(self, chunk: int, keep_frame: bool) -> None:
+        """Drop global chunk ``chunk`` from the shared cache, keeping its frame or not."""
+        source, local = self._scene_of(chunk)
+        source.release(local, keep_frame)
+
+    def face_sweep(self, reversed_axes: list[tuple[bool, ...]]) -> None:
+        """Keep, per scene, the frame sides facing the chunks the sweep visits later."""
+        for source, axes in zip(self._sources, reversed_axes):
+            source.face_sweep([axes])
 
     def _frames_fit(self) -> bool:
         costs = [s.reader.frame_costs() for s in self._sources]

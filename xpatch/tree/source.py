@@ -114,6 +114,32 @@ class TreeSource(Source):
         """Return the groups :meth:`chunk_shuffle` visits: the reference node's."""
         return self._sources[self._reference].shuffle_groups()
 
+    def touched_chunks(self) -> np.ndarray:
+        """Return the reference node's chunks each patch touches: a sweep follows them."""
+        return self._sources[self._reference].touched_chunks()
+
+    def chunk_grids(self) -> list[tuple[int, ...]]:
+        """Return the reference node's chunk grid."""
+        return self._sources[self._reference].chunk_grids()
+
+    def sweep_settings(self, mix: int | None, ahead: int | None) -> tuple[int, int]:
+        """Return the reference node's ``(mix, ahead)``; every node keeps frames that pay."""
+        for source in self._sources.values():
+            source.sweep_settings(mix, ahead)
+        return self._sources[self._reference].sweep_settings(mix, ahead)
+
+    def read_ahead(self, chunk: int) -> None:
+        """Load the reference node's chunk ``chunk`` (other nodes load on demand)."""
+        self._sources[self._reference].read_ahead(chunk)
+
+    def release(self, chunk: int, keep_frame: bool) -> None:
+        """Drop the reference node's chunk ``chunk``, keeping its frame or not."""
+        self._sources[self._reference].release(chunk, keep_frame)
+
+    def face_sweep(self, reversed_axes: list[tuple[bool, ...]]) -> None:
+        """Face the reference node's sweep (the other nodes keep frames of both sides)."""
+        self._sources[self._reference].face_sweep(reversed_axes)
+
     def make_fingerprint(self) -> str:
         """Compute :attr:`fingerprint`: every node's data and layout, by path.
 

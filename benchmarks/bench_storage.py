@@ -1,0 +1,265 @@
+"""Training from storage: a shuffled epoch from a compressed zarr, against reading it once.
+
+Run ``python benchmarks/bench_storage.py`` (about 3 minutes on 2 cores; it writes a
+1 GiB compressed zarr under ``--data``, reused by later runs) or ``--quick``
+(a 256 MiB zarr, about 1 minute). Every time is a ratio to a floor measured in the
+same run, and every ratio is printed beside its target (nothing is asserted):
+
+- **floor**: zarr reading and decoding every chunk once, chunk after chunk, in
+  this process (no dask, no xpatch).
+- ``src[i]`` in index order, default cache (target <= 1.1x the floor).
+- ``chunk_shuffle`` (the sweep) through Grain's default read threads, with
+  ``cache_bytes`` at 5 % of the data (target <= 1.3x and <= 1.05 loads per chunk);
+  the order of xpatch before the sweep (``order="chunk"``) beside it.
+- Batches of 16 consecutive patches: how many distinct chunks hold their anchors
+  (target >= 8; a global shuffle, computed on the same patches, about 16).
+- The same epoch over zarr's ``LatencyStore`` (20 ms per read) on the same zarr,
+  against zarr reading every chunk with its own concurrency (target <= 1.5x).
+- Two ``mp_prefetch`` workers: chunk loads summed over the workers, per chunk
+  (target <= 1.05).
+
+Chunk loads are the sources' own counters (:meth:`~xpatch.grain.PatchSource.cache_stats`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import grain
+import numpy as np
+import xarray as xr
+import zarr
+from bench_core import print_table, version_line
+from zarr.storage import LocalStore
+
+import xpatch  # noqa: F401 - registers .patch
+
+MiB = 2**20
+BANDS = 4
+CHUNK = 512
+PATCH, STRIDE = 256, 192
+BUDGET_SHARE = 0.05
+LATENCY = 0.02
+
+warnings.filterwarnings("ignore", message="Consolidated metadata is currently not part")
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """Problem sizes of one run: (BANDS, rows, cols) uint16."""
+
+    rows: int
+    cols: int
+
+
+FULL = Sizes(16384, 8192)  # 1 GiB raw, 32 x 16 chunks
+QUICK = Sizes(8192, 4096)  # 256 MiB raw, 16 x 8 chunks
+
+
+def scene_values(rows: int, cols: int, seed: int = 0) -> np.ndarray:
+    """12-bit imagery with smooth structure and noise: it compresses about as real scenes do."""
+    rng = np.random.default_rng(seed)
+    y = np.linspace(0, 6 * np.pi, rows, dtype=np.float32)[:, None]
+    x = np.linspace(0, 6 * np.pi, cols, dtype=np.float32)[None, :]
+    out = np.empty((BANDS, rows, cols), dtype=np.uint16)
+    for band in range(BANDS):
+        smooth = 1500 + 900 * np.sin(y + band) * np.cos(x * (1 + band / 4))
+        noise = rng.integers(0, 400, (rows, cols), dtype=np.uint16)
+        out[band] = smooth.astype(np.uint16) + noise
+    return out
+
+
+def write_zarr(path: Path, rows: int, cols: int) -> Path:
+    """Write (once) a compressed zarr of (BANDS, rows, cols) uint16 in (BANDS, 512, 512) chunks."""
+    if (path / "zarr.json").exists():
+        return path
+    values = scene_values(rows, cols)
+    data = xr.Dataset({"image": (("band", "y", "x"), values)})
+    encoding = {"image": {"chunks": (BANDS, CHUNK, CHUNK)}}
+    data.to_zarr(path, mode="w", encoding=encoding, consolidated=False, zarr_format=3)
+    return path
+
+
+def floor_seconds(array: zarr.Array) -> float:
+    """Read and decode every chunk once, chunk after chunk (best of 2)."""
+    best = float("inf")
+    for _ in range(2):
+        start = time.perf_counter()
+        for y in range(0, array.shape[1], CHUNK):
+            for x in range(0, array.shape[2], CHUNK):
+                array[:, y : y + CHUNK, x : x + CHUNK]
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def concurrent_floor_seconds(array: zarr.Array) -> float:
+    """Read every chunk with zarr's own concurrency (``array[...]``, best of 2)."""
+    best = float("inf")
+    for _ in range(2):
+        start = time.perf_counter()
+        array[...]
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def open_image(store) -> xr.DataArray:
+    """The zarr as xarray opens it: dask chunks equal to the zarr's."""
+    return xr.open_zarr(store, consolidated=False)["image"]
+
+
+def source_of(image: xr.DataArray, cache_bytes: int | None = None):
+    p = image.patch(y=PATCH, x=PATCH, stride=STRIDE)
+    if cache_bytes is None:
+        return p.to_grain(weights=False)
+    return p.to_grain(cache_bytes=cache_bytes, weights=False)
+
+
+def in_order_epoch(src) -> tuple[float, float]:
+    """Seconds and loads per chunk of ``src[i]`` for every i in index order."""
+    src.clear_cache()
+    start = time.perf_counter()
+    for i in range(len(src)):
+        src[i]
+    return time.perf_counter() - start, src.cache_stats().loads / src.chunk_count
+
+
+def shuffled_epoch(src, order: str) -> tuple[float, float, object]:
+    """Seconds and loads per chunk of one chunk-shuffled epoch through Grain's read threads."""
+    src.clear_cache()
+    dataset = grain.MapDataset.source(src).pipe(src.chunk_shuffle, seed=1, order=order)
+    start = time.perf_counter()
+    for _ in dataset.to_iter_dataset():
+        pass
+    seconds = time.perf_counter() - start
+    stats = src.cache_stats()
+    return seconds, stats.loads / src.chunk_count, stats
+
+
+def batch_diversity(src, order: np.ndarray, batch: int = 16) -> float:
+    """Mean number of distinct anchor chunks in batches of ``batch`` consecutive patches."""
+    chunks = src.chunk_of_patch()[order]
+    whole = len(chunks) // batch * batch
+    rows = np.sort(chunks[:whole].reshape(-1, batch), axis=1)
+    return float(((np.diff(rows, axis=1) != 0).sum(axis=1) + 1).mean())
+
+
+class LoadsOfThisProcess:
+    """A Grain map that tags every item with its process and that process's chunk loads."""
+
+    def __init__(self, source) -> None:
+        self.source = source
+
+    def __call__(self, item: dict) -> dict:
+        return {
+            "pid": np.int64(os.getpid()),
+            "loads": np.int64(self.source.cache_stats().loads),
+        }
+
+
+def two_worker_loads(src) -> float:
+    """Chunk loads per chunk over one epoch, summed over two ``mp_prefetch`` workers."""
+    pipeline = (
+        grain.MapDataset.source(src)
+        .pipe(src.chunk_shuffle, seed=1, worker_count=2, batch_size=16)
+        .map(LoadsOfThisProcess(src))
+        .batch(16)
+        .to_iter_dataset()
+        .mp_prefetch(grain.MultiprocessingOptions(num_workers=2))
+    )
+    loads: dict[int, int] = {}
+    served = 0
+    iterator = iter(pipeline)
+    for batch in iterator:
+        for pid, count in zip(batch["pid"].tolist(), batch["loads"].tolist()):
+            loads[pid] = max(loads.get(pid, 0), count)
+        served += len(batch["pid"])
+        if served >= len(src):
+            break
+    iterator.close()
+    return sum(loads.values()) / src.chunk_count
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a 256 MiB zarr instead of 1 GiB")
+    parser.add_argument(
+        "--data", type=Path, default=Path("/tmp/xpatch-bench-storage"), help="where the zarrs go"
+    )
+    args = parser.parse_args()
+    sizes = QUICK if args.quick else FULL
+    print(
+        version_line("storage", args.quick, f"zarr {zarr.__version__}, grain {grain.__version__}")
+    )
+    args.data.mkdir(parents=True, exist_ok=True)
+    path = write_zarr(args.data / f"scene-{sizes.rows}x{sizes.cols}.zarr", sizes.rows, sizes.cols)
+    raw = BANDS * sizes.rows * sizes.cols * 2
+    on_disk = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+    budget = int(BUDGET_SHARE * raw)
+    array = zarr.open_array(LocalStore(path), path="image", mode="r")
+    floor = floor_seconds(array)
+    print(
+        f"\ndata: {BANDS} x {sizes.rows} x {sizes.cols} uint16, {raw / MiB:.0f} MiB raw, "
+        f"{on_disk / MiB:.0f} MiB on disk, chunks {CHUNK}^2 ({array.nchunks} chunks), "
+        f"patches {PATCH}^2 stride {STRIDE}; budget {budget / MiB:.1f} MiB "
+        f"({BUDGET_SHARE:.0%}); floor (decode every chunk once) {floor:.2f} s"
+    )
+
+    image = open_image(LocalStore(path))
+    rows = []
+    seconds, loads = in_order_epoch(source_of(image))
+    rows.append(["src[i] in index order, default cache", seconds / floor, loads, "<= 1.1x"])
+    src = source_of(image, budget)
+    mix, ahead = src.sweep_settings(None, None)
+    for order in ("sweep", "chunk"):
+        seconds, loads, stats = shuffled_epoch(src, order)
+        target = "<= 1.3x, <= 1.05 loads" if order == "sweep" else "(before)"
+        rows.append([f"chunk_shuffle(order={order!r}), 5 % budget", seconds / floor, loads, target])
+        if order == "sweep":
+            waited = stats.wait_seconds
+            decoded = stats.load_seconds
+    print_table(
+        f"one epoch, {len(src)} patches (sweep: mix={mix}, read_ahead={ahead})",
+        ["epoch", "time / floor", "loads per chunk", "target"],
+        [[r[0], f"{r[1]:.2f}x", f"{r[2]:.2f}", r[3]] for r in rows],
+    )
+    print(f"sweep: reads waited {waited:.2f} s for chunks; loading took {decoded:.2f} s")
+
+    sweep = grain.MapDataset.source(src).pipe(src.chunk_shuffle, seed=1)
+    order = sweep.permutation(0)
+    global_order = np.random.default_rng(1).permutation(len(src))
+    old = grain.MapDataset.source(src).pipe(src.chunk_shuffle, seed=1, order="chunk")
+    print_table(
+        "distinct anchor chunks per batch of 16 (target >= 8)",
+        ["order", "chunks per batch"],
+        [
+            ["sweep", f"{batch_diversity(src, order):.1f}"],
+            ["chunk (before)", f"{batch_diversity(src, old.permutation(0)):.1f}"],
+            ["global shuffle", f"{batch_diversity(src, global_order):.1f}"],
+        ],
+    )
+
+    from zarr.testing.store import LatencyStore
+
+    slow = LatencyStore(LocalStore(path, read_only=True), get_latency=LATENCY)
+    concurrent = concurrent_floor_seconds(zarr.open_array(slow, path="image", mode="r"))
+    slow_src = source_of(open_image(slow), budget)
+    seconds, loads, _ = shuffled_epoch(slow_src, "sweep")
+    print(
+        f"\n{LATENCY * 1e3:.0f} ms per read: zarr's concurrent read of every chunk "
+        f"{concurrent:.2f} s; sweep epoch {seconds:.2f} s = {seconds / concurrent:.2f}x "
+        f"(target <= 1.5x), {loads:.2f} loads per chunk"
+    )
+
+    workers = two_worker_loads(src)
+    print(f"\ntwo mp_prefetch workers: {workers:.3f} loads per chunk summed (target <= 1.05)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

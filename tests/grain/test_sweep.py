@@ -1,0 +1,281 @@
+"""The sweep order of chunk_shuffle: each chunk read once per epoch within a small cache."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import subprocess
+import sys
+import time
+
+import dask.array as dsa
+import numpy as np
+import pytest
+import xarray as xr
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import xpatch
+from xpatch.core.chunk_cache import stored_array
+from xpatch.core.sweep import chunk_uses, sweep_permutation, sweep_ranks, waiting_row
+
+grain = pytest.importorskip("grain")
+
+BANDS = 2
+
+
+def lazy_scene(rows: int, cols: int, chunk: int, seed: int = 1) -> tuple[np.ndarray, xr.DataArray]:
+    values = np.random.default_rng(seed).normal(size=(BANDS, rows, cols)).astype("float32")
+    lazy = xr.DataArray(
+        dsa.from_array(values, chunks=(BANDS, chunk, chunk)), dims=("band", "y", "x")
+    )
+    return values, lazy
+
+
+def chunk_bytes(chunk: int) -> int:
+    return BANDS * chunk * chunk * 4
+
+
+def direct_cuts(values: np.ndarray, **options) -> dict[tuple, np.ndarray]:
+    """Every patch of the numpy array under the same layout, by anchor."""
+    src = xr.DataArray(values, dims=("band", "y", "x")).patch(**options).to_grain()
+    return {tuple(src[i]["anchor"].tolist()): src[i]["data"] for i in range(len(src))}
+
+
+# -- the order --------------------------------------------------------------------------
+
+
+def test_a_sweep_visits_a_whole_line_of_chunks_before_the_next_and_ranks_every_chunk():
+    ranks, reversed_axes = sweep_ranks([(3, 5), (2, 2)], seed=4, epoch=0)
+    assert sorted(ranks.tolist()) == list(range(15 + 4))
+    # Each scene is swept whole: its chunks take consecutive ranks.
+    first, second = ranks[:15], ranks[15:]
+    assert first.max() - first.min() == 14 and second.max() - second.min() == 3
+    # The 5-chunk axis is swept slowest: the first 3 visited share their column.
+    visit = np.argsort(first)
+    assert len(set((visit[:3] % 5).tolist())) == 1
+    assert [len(axes) for axes in reversed_axes] == [2, 2]
+    assert waiting_row((3, 5)) == 4
+
+
+def test_a_patch_comes_after_every_chunk_it_touches_was_visited():
+    _, lazy = lazy_scene(40, 40, 10)
+    src = lazy.patch(y=8, x=8, stride=5).to_grain()
+    touched = src.touched_chunks()
+    for epoch in range(3):
+        ranks, _ = sweep_ranks(src.chunk_grids(), seed=7, epoch=epoch)
+        order = sweep_permutation(touched, ranks, mix=1, seed=7, epoch=epoch)
+        assert sorted(order.tolist()) == list(range(len(src)))
+        key = np.where(touched >= 0, ranks[np.maximum(touched, 0)], -1).max(axis=1)[order]
+        # With mix=1, the chunk a patch is keyed to never goes back by a whole chunk.
+        assert (np.diff(key) >= -1).all()
+
+
+def test_chunk_uses_gives_the_first_and_last_position_of_each_chunk():
+    touched = np.array([[0, 1], [1, -1], [2, -1]])
+    first, last = chunk_uses(np.array([1, -1, 0, 2]), touched, 4)
+    assert first.tolist() == [2, 0, 3, 4] and last.tolist() == [2, 2, 3, -1]
+
+
+def test_the_same_seed_gives_the_same_order_in_another_process():
+    code = (
+        "import json, numpy as np, xarray as xr, dask.array as dsa, xpatch\n"
+        "values = np.random.default_rng(1).normal(size=(2, 60, 44)).astype('float32')\n"
+        "lazy = xr.DataArray(dsa.from_array(values, chunks=(2, 16, 16)), dims=('band','y','x'))\n"
+        "src = lazy.patch(y=8, x=8, stride=6).to_grain()\n"
+        "print(json.dumps([src.chunk_shuffled_order(seed=11, epoch=e).tolist() for e in (0, 1)]))\n"
+    )
+    there = json.loads(
+        subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, check=True
+        ).stdout
+    )
+    _, lazy = lazy_scene(60, 44, 16)
+    src = lazy.patch(y=8, x=8, stride=6).to_grain()
+    here = [src.chunk_shuffled_order(seed=11, epoch=e).tolist() for e in (0, 1)]
+    assert here == there and here[0] != here[1]
+    dataset = src.chunk_shuffle(seed=11)
+    assert [int(dataset[i]["index"]) for i in range(len(src))] == here[0]
+
+
+# -- loads --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("threaded", [False, True])
+def test_an_epoch_reads_each_chunk_once_with_a_cache_of_a_few_chunks(threaded):
+    # 6 x 5 chunks; patches straddle chunk borders in both axes; the cache holds 10
+    # chunks, a third of the data (a row of frames, the chunks being mixed, 12 with
+    # those Grain's 16 threads read at once): the chunk order read chunks again for
+    # their neighbours' straddling patches.
+    values, lazy = lazy_scene(96, 80, 16)
+    options = {"y": 10, "x": 10, "stride": 7}
+    budget = (12 if threaded else 10) * chunk_bytes(16)
+    expected = direct_cuts(values, **options)
+    loads = {}
+    for order in ("sweep", "chunk"):
+        src = lazy.patch(**options).to_grain(cache_bytes=budget)
+        # Reads ahead run in threads, whose timing moves a load or two: exact counts
+        # are taken without them (and Grain's threads are bounded below).
+        dataset = src.chunk_shuffle(seed=3, order=order, read_ahead=None if threaded else 0)
+        for epoch in range(2):
+            if threaded:
+                items = list(dataset.to_iter_dataset())  # Grain's 16 read threads
+            else:
+                items = [dataset[epoch * len(src) + i] for i in range(len(src))]
+            assert sorted(int(item["index"]) for item in items) == list(range(len(src)))
+            for item in items:
+                np.testing.assert_array_equal(item["data"], expected[tuple(item["anchor"])])
+        loads[order] = src.cache_stats().loads
+    if threaded:
+        assert loads["sweep"] <= 2 * 30 * 1.05, loads
+    else:
+        assert loads["sweep"] == 2 * 30, loads
+    assert loads["chunk"] > 2 * loads["sweep"], loads
+
+
+def test_three_scenes_of_other_shapes_are_each_read_once_through_one_cache():
+    scenes = [lazy_scene(48, 80, 16, seed=s)[1] for s in range(3)]
+    scenes[1] = scenes[1].isel(y=slice(0, 32), x=slice(0, 48))
+    scenes[2] = lazy_scene(64, 32, 16, seed=2)[1]
+    sp = xpatch.patch_scenes(scenes, y=10, x=10, stride=7)
+    src = sp.to_grain(cache_bytes=6 * chunk_bytes(16))
+    assert src.chunk_count == 15 + 6 + 8
+    dataset = src.chunk_shuffle(seed=2, read_ahead=0)
+    items = [dataset[i] for i in range(len(src))]
+    assert sorted(int(item["index"]) for item in items) == list(range(len(src)))
+    for item in items[::7]:
+        scene = scenes[int(item["scene"])]
+        y, x = item["anchor"].tolist()
+        np.testing.assert_array_equal(item["data"], scene[:, y : y + 10, x : x + 10].values)
+    assert src.cache_stats().loads == src.chunk_count
+
+
+def test_a_dataset_with_mixed_dims_is_read_once_and_exact():
+    values, image = lazy_scene(64, 64, 16)
+    mask = xr.DataArray(dsa.from_array(values[0] > 0, chunks=16), dims=("y", "x"))  # no band dim
+    ds = xr.Dataset({"image": image, "mask": mask})
+    src = ds.patch(y=12, x=12, stride=9).to_grain(cache_bytes=6 * chunk_bytes(16))
+    dataset = src.chunk_shuffle(seed=5, read_ahead=0)
+    for i in range(len(src)):
+        item = dataset[i]
+        y, x = item["anchor"].tolist()
+        np.testing.assert_array_equal(item["image"], values[:, y : y + 12, x : x + 12])
+        np.testing.assert_array_equal(item["mask"], values[0, y : y + 12, x : x + 12] > 0)
+    assert src.cache_stats().loads == 16
+
+
+def test_workers_read_their_own_runs_and_share_only_the_chunks_at_the_cut():
+    _, lazy = lazy_scene(128, 64, 16)  # 8 x 4 chunks
+    src = lazy.patch(y=10, x=10, stride=7).to_grain(cache_bytes=8 * chunk_bytes(16))
+    total, touched = 0, src.touched_chunks()
+    for worker in range(2):
+        mine = pickle.loads(pickle.dumps(src))  # as mp_prefetch sends it to a worker
+        dataset = mine.chunk_shuffle(seed=1, worker_count=2, batch_size=4, read_ahead=0)
+        positions = [i for i in range(len(src)) if (i // 4) % 2 == worker]
+        for i in positions:
+            dataset[i]
+        order = dataset.permutation(0)
+        needed = np.unique(touched[order[positions]])
+        # Each worker reads each chunk its patches touch once, no more.
+        assert mine.cache_stats().loads == len(needed[needed >= 0])
+        total += mine.cache_stats().loads
+    # Together: all 32 chunks, and at most the row at the cut (4) and its neighbours twice.
+    assert 32 <= total <= 32 + 2 * 4, total
+
+
+def test_a_second_pass_over_the_same_epoch_reads_each_chunk_once_again():
+    _, lazy = lazy_scene(64, 64, 16)
+    src = lazy.patch(y=10, x=10, stride=7).to_grain(cache_bytes=6 * chunk_bytes(16))
+    dataset = src.chunk_shuffle(seed=3, read_ahead=0)
+    for _ in range(2):  # e.g. a new iterator after a restore
+        for i in range(len(src)):
+            dataset[i]
+    assert src.cache_stats().loads == 2 * 16
+    # A pass restored in the middle of an epoch, in a fresh process (a fresh source):
+    # each chunk the positions it reads touch, once.
+    fresh = lazy.patch(y=10, x=10, stride=7).to_grain(cache_bytes=6 * chunk_bytes(16))
+    restored = fresh.chunk_shuffle(seed=3, read_ahead=0)
+    half = range(len(src) // 2, len(src))
+    for i in half:
+        restored[i]
+    touched = fresh.touched_chunks()[restored.permutation(0)[list(half)]]
+    assert fresh.cache_stats().loads == len(np.unique(touched[touched >= 0]))
+
+
+def test_reads_ahead_load_the_coming_chunks_before_they_are_asked_for():
+    _, lazy = lazy_scene(64, 64, 16)
+    src = lazy.patch(y=8, x=8, stride=8).to_grain()  # 16 chunks, no straddling
+    dataset = src.chunk_shuffle(seed=0, read_ahead=4)
+    dataset[0]
+    deadline = time.monotonic() + 10
+    while src.cache_stats().loads < 5 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert src.cache_stats().loads == 5  # the first chunk, and the next 4
+    without = lazy.patch(y=8, x=8, stride=8).to_grain()
+    without.chunk_shuffle(seed=0, read_ahead=0)[0]
+    time.sleep(0.1)
+    assert without.cache_stats().loads == 1
+
+
+def test_a_zarr_opened_by_xarray_is_read_from_the_store_without_dask(tmp_path):
+    values = np.random.default_rng(0).integers(0, 1000, (2, 48, 48)).astype("uint16")
+    xr.Dataset({"v": (("band", "y", "x"), values)}).to_zarr(
+        tmp_path / "s.zarr", encoding={"v": {"chunks": (2, 16, 16)}}, consolidated=False
+    )
+    da_ = xr.open_zarr(tmp_path / "s.zarr", consolidated=False)["v"]
+    assert stored_array(da_.data) is not None
+    assert stored_array((da_ + 1).data) is None and stored_array(da_.data.rechunk(8)) is None
+    src = da_.patch(y=12, x=12, stride=9).to_grain()
+    dataset = src.chunk_shuffle(seed=1)
+    import dask
+
+    with dask.config.set(scheduler=_refuse):  # no dask computation at all
+        for i in range(len(src)):
+            item = dataset[i]
+            y, x = item["anchor"].tolist()
+            np.testing.assert_array_equal(item["data"], values[:, y : y + 12, x : x + 12])
+    assert src.cache_stats().loads == 9
+
+
+def _refuse(*args, **kwargs):
+    raise AssertionError("dask computed")
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    rows=st.integers(12, 60),
+    cols=st.integers(12, 60),
+    chunk=st.integers(5, 20),
+    size=st.integers(2, 12),
+    stride=st.integers(1, 12),
+    cache_chunks=st.integers(1, 10),
+    workers=st.integers(1, 3),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_property_every_patch_once_exact_whatever_the_cache_and_the_workers(
+    rows, cols, chunk, size, stride, cache_chunks, workers, seed
+):
+    values, lazy = lazy_scene(rows, cols, chunk)
+    options = {"y": min(size, rows), "x": min(size, cols), "stride": min(stride, size)}
+    src = lazy.patch(**options).to_grain(cache_bytes=cache_chunks * chunk_bytes(chunk))
+    dataset = src.chunk_shuffle(seed=seed, worker_count=workers, batch_size=3)
+    expected = direct_cuts(values, **options)
+    served = []
+    for worker in range(workers):  # each worker's share, as mp_prefetch deals it
+        for i in range(len(src)):
+            if (i // 3) % workers == worker:
+                item = dataset[i]
+                served.append(int(item["index"]))
+                np.testing.assert_array_equal(item["data"], expected[tuple(item["anchor"])])
+    assert sorted(served) == list(range(len(src)))
+
+
+def test_bad_options_name_the_argument_and_the_fix():
+    _, lazy = lazy_scene(32, 32, 16)
+    src = lazy.patch(y=8, x=8).to_grain()
+    with pytest.raises(xpatch.OptionError, match="order='random' is not one of"):
+        src.chunk_shuffle(seed=0, order="random")
+    with pytest.raises(xpatch.OptionError, match="mix=0 must be an int >= 1"):
+        src.chunk_shuffle(seed=0, mix=0)
+    with pytest.raises(xpatch.OptionError, match="read_ahead=-1 must be an int >= 0"):
+        src.chunk_shuffle(seed=0, read_ahead=-1)

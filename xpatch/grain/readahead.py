@@ -1,0 +1,236 @@
+"""Reads ahead of a known order, and letting go of what it no longer needs.
+
+A sweep (:mod:`xpatch.core.sweep`) fixes each epoch's order before the first
+patch is read, so the chunks every position needs are known: :class:`SweepReads`
+loads the next chunks in background threads while the current ones are served
+(a bounded number in flight), and drops a chunk and its frame from the cache as
+soon as every position that needs it was read, so the cache holds what is in
+use, not what was used last.
+
+It only moves chunks in and out of the cache: a chunk dropped too early is read
+again by the patch that needs it (counted in the cache's loads), never served
+wrong.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Protocol
+
+import numpy as np
+
+from xpatch.core.sweep import chunk_uses, spread_positions
+
+#: Positions behind a read, none of them in flight for this long, are read by nobody:
+#: a thread takes microseconds between two reads of a batch.
+JUMP_SECONDS = 1.0
+STALL_CHECK_SECONDS = 0.05
+
+
+class ReadsChunks(Protocol):
+    """What :class:`SweepReads` asks of a source: load or drop a chunk by global id."""
+
+    def read_ahead(self, chunk: int) -> None: ...  # noqa: D102
+
+    def release(self, chunk: int, keep_frame: bool) -> None: ...  # noqa: D102
+
+    def face_sweep(self, reversed_axes: list[tuple[bool, ...]]) -> None: ...  # noqa: D102
+
+
+class SweepReads:
+    """Read the chunks of each epoch's positions ahead of them; shrink and drop them after.
+
+    Parameters
+    ----------
+    source
+        Loads and drops chunks (:meth:`xpatch.grain.base.Source.read_ahead`, ``retire``).
+    touched
+        ``(n, m)``: the global chunk ids of the patch at every element, -1 padded.
+    chunk_count
+        Number of global chunk ids.
+    permutation
+        ``permutation(epoch)``: the element at each position of the epoch.
+    sweep_ranks
+        ``sweep_ranks(epoch)``: every chunk's visit rank, and per scene and axis
+        whether that epoch's sweep runs from high to low; the source keeps the
+        frame sides that face the chunks visited later
+        (:meth:`~xpatch.grain.base.Source.face_sweep`).
+    ahead
+        How many chunks are read ahead of the newest position (and in flight at once).
+    dealt
+        ``(worker_count, batch_size)``: positions go to ``mp_prefetch`` workers by
+        batch; a process reads ahead only for the workers whose positions it serves.
+    """
+
+    def __init__(
+        self,
+        source: ReadsChunks,
+        touched: np.ndarray,
+        chunk_count: int,
+        permutation: Callable[[int], np.ndarray],
+        sweep_ranks: Callable[[int], tuple[np.ndarray, list[tuple[bool, ...]]]],
+        ahead: int,
+        dealt: tuple[int, int] = (1, 1),
+    ) -> None:
+        self._source = source
+        self._touched = touched
+        self._chunk_count = int(chunk_count)
+        self._permutation = permutation
+        self._sweep_ranks = sweep_ranks
+        self._ahead = int(ahead)
+        self._workers_total, self._batch_size = dealt
+        # Positions of other workers lie between this process's: the spread spans theirs too.
+        self._spread = spread_positions(len(touched), chunk_count) * self._workers_total
+        self._lock = threading.Lock()
+        self._read_done = threading.Condition(self._lock)
+        self._in_flight: set[int] = set()
+        self._pool: ThreadPoolExecutor | None = None
+        self._epoch = -1
+        self._workers: set[int] = set()
+        self._frontier = -1
+        self._by_first = self._first = self._by_last = self._last = np.empty(0, np.int64)
+        self._next_ahead = self._next_retire = self._next_shrink = 0
+        self._by_whole_last = self._whole_last = np.empty(0, np.int64)
+        self._ranks = np.zeros(self._chunk_count, dtype=np.int64)
+        self._retired = np.zeros(self._chunk_count, dtype=bool)
+        self._mine = np.zeros(0, dtype=bool)
+        self._done: set[int] = set()
+        self._low = 0
+        self._stalled_since: float | None = None
+
+    def reached(self, index: int) -> None:
+        """Element ``index`` (epoch after epoch) is about to be read: read the next chunks."""
+        epoch, position, worker = self._locate(index)
+        with self._lock:
+            if epoch < self._epoch:  # a late read of the epoch before: nothing to plan
+                return
+            # A position read already: a new iterator (or a restored state) starts here.
+            again = position < self._low and position not in self._in_flight
+            if epoch > self._epoch or (epoch == self._epoch and again):
+                self._start(epoch, position)
+            if worker not in self._workers:
+                self._add_worker(worker)
+            self._keep_within_spread(epoch, position)
+            self._in_flight.add(position)
+            self._frontier = max(self._frontier, position)
+            load = self._due_reads() if self._ahead else ()
+        if len(load):
+            pool = self._thread_pool()
+            for chunk in load:
+                pool.submit(self._read, int(chunk))
+
+    def finished(self, index: int) -> None:
+        """Element ``index`` was read: drop the chunks no position still to read needs."""
+        epoch, position, _ = self._locate(index)
+        with self._lock:
+            if epoch != self._epoch or position not in self._in_flight:
+                return  # a read of a pass that another one replaced
+            self._in_flight.discard(position)
+            self._read_done.notify_all()
+            self._done.add(position)
+            n = len(self._mine)
+            # Every position below the low-water mark was read (or is another worker's).
+            while self._low < n and (not self._mine[self._low] or self._low in self._done):
+                self._done.discard(self._low)
+                self._low += 1
+                self._stalled_since = None
+            stop = int(np.searchsorted(self._last, self._low))
+            retire = self._by_last[self._next_retire : stop]
+            self._next_retire = max(self._next_retire, stop)
+            self._retired[retire] = True
+            stop = int(np.searchsorted(self._whole_last, self._low))
+            shrink = self._by_whole_last[self._next_shrink : stop]
+            self._next_shrink = max(self._next_shrink, stop)
+            shrink = shrink[~self._retired[shrink]]
+            self._retired[shrink] = True  # whole no more: a late read ahead must not reload it
+        # Only patches keyed to chunks visited later still need these: their frames do.
+        for chunk in shrink:
+            self._source.release(int(chunk), keep_frame=True)
+        for chunk in retire:
+            self._source.release(int(chunk), keep_frame=False)
+
+    def _keep_within_spread(self, epoch: int, position: int) -> None:
+        # Wait (the lock released) while the oldest position not yet read is more than
+        # self._spread behind. A thread reading a batch is between two of its
+        # positions for microseconds; if nothing behind is read for JUMP_SECONDS, nobody
+        # reads those positions (a pass restored further on): a new pass starts here.
+        while self._low < position - self._spread:
+            if any(p < position - self._spread for p in self._in_flight):
+                self._stalled_since = None
+                self._read_done.wait()
+                continue
+            now = time.monotonic()
+            if self._stalled_since is None:
+                self._stalled_since = now
+            elif now - self._stalled_since >= JUMP_SECONDS:
+                self._start(epoch, position)
+                return
+            self._read_done.wait(STALL_CHECK_SECONDS)
+
+    def _locate(self, index: int) -> tuple[int, int, int]:
+        epoch, position = divmod(int(index), len(self._touched))
+        return epoch, position, (int(index) // self._batch_size) % self._workers_total
+
+    def _start(self, epoch: int, position: int) -> None:
+        # Positions before the first one read are taken as read: a restored state
+        # starts in the middle of an epoch.
+        self._epoch, self._workers = epoch, set()
+        self._frontier, self._low = position - 1, position
+        self._retired[:] = False
+        self._done = set()
+        self._stalled_since = None
+        self._in_flight.clear()
+        self._read_done.notify_all()
+        self._ranks, reversed_axes = self._sweep_ranks(epoch)
+        self._source.face_sweep(reversed_axes)
+
+    def _add_worker(self, worker: int) -> None:
+        self._workers.add(worker)
+        n = len(self._touched)
+        order = self._permutation(self._epoch)
+        served_by = ((np.arange(n) + self._epoch * n) // self._batch_size) % self._workers_total
+        self._mine = np.isin(served_by, sorted(self._workers))
+        first, last = chunk_uses(np.where(self._mine, order, -1), self._touched, self._chunk_count)
+        self._by_first = np.flatnonzero(first < n)[np.argsort(first[first < n], kind="stable")]
+        self._first = first[self._by_first]
+        self._by_last = np.flatnonzero(last >= 0)[np.argsort(last[last >= 0], kind="stable")]
+        self._last = last[self._by_last]
+        # The last position of each chunk's own patches (those it is the last visited
+        # chunk of): after it, a chunk is needed only at the sides its frame keeps.
+        touched = self._touched if self._touched.ndim == 2 else self._touched[:, None]
+        key_rank = np.where(touched >= 0, self._ranks[np.maximum(touched, 0)], -1)
+        key_chunk = touched[np.arange(n), key_rank.argmax(axis=1)]
+        positions = np.flatnonzero(self._mine)
+        whole_last = np.full(self._chunk_count, -1, dtype=np.int64)
+        np.maximum.at(whole_last, key_chunk[order[positions]], positions)
+        used = np.flatnonzero(whole_last >= 0)
+        self._by_whole_last = used[np.argsort(whole_last[used], kind="stable")]
+        self._whole_last = whole_last[self._by_whole_last]
+        # Chunks first used before the frontier were read (or are being read) already.
+        self._next_ahead = int(np.searchsorted(self._first, self._frontier, side="right"))
+        self._next_retire = int(np.searchsorted(self._last, self._low))
+        self._next_shrink = int(np.searchsorted(self._whole_last, self._low))
+
+    def _due_reads(self) -> np.ndarray:
+        current = int(np.searchsorted(self._first, self._frontier, side="right"))
+        stop = min(current + self._ahead, len(self._first))
+        due = self._by_first[self._next_ahead : stop]
+        self._next_ahead = max(self._next_ahead, stop)
+        return due
+
+    def _thread_pool(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self._ahead, thread_name_prefix="xpatch-ahead")
+            return self._pool
+
+    def _read(self, chunk: int) -> None:
+        if self._retired[chunk]:  # queued behind patches that needed it sooner: read by them
+            return
+        try:
+            self._source.read_ahead(chunk)
+        except Exception:  # the patch that needs the chunk reads it again, and raises
+            pass
