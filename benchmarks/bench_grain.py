@@ -7,7 +7,7 @@ stride 192) through ``p.to_grain()``, and compares the rate with xbatcher's
 ``BatchGenerator`` on the same Dask array and with plain numpy slicing of the same
 data in memory; then the same on a zarr store of that data, opened with
 ``xr.open_zarr``. Figure 2 counts chunk loads per input chunk over one epoch in
-three orders (sequential, chunk-local shuffle, Grain's global shuffle) and four
+four orders (sequential, the sweep, the chunk order, Grain's global shuffle) and four
 cache sizes. Every speed figure is a ratio to a baseline measured in the same run,
 because absolute times on a shared 2-core machine are noisy; each time is the best
 of several repeats of ``time.perf_counter``. Nothing is asserted: the script prints
@@ -292,15 +292,17 @@ def bench_rates(s: Sizes, values: np.ndarray, store: Path) -> dict:
 # -- 2. chunk loads per chunk ----------------------------------------------------------------
 
 
-ORDERS = ("sequential", "chunk-local shuffle", "global shuffle")
+ORDERS = ("sequential", "chunk_shuffle (sweep)", "chunk order", "global shuffle")
 
 
 def ordered(src: PatchSource, order: str):
     """The epoch's dataset: ``src`` itself, or a MapDataset in the given order."""
     if order == "sequential":
         return src
-    if order == "chunk-local shuffle":
+    if order == "chunk_shuffle (sweep)":
         return src.chunk_shuffle(seed=1)
+    if order == "chunk order":
+        return src.chunk_shuffle(seed=1, order="chunk")
     return grain.MapDataset.source(src).shuffle(seed=1)
 
 
