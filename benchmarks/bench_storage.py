@@ -141,14 +141,6 @@ def shuffled_epoch(src, order: str, threads: int = 16) -> tuple[float, float, ob
     return seconds, stats.loads / src.chunk_count, stats
 
 
-def batch_diversity(src, order: np.ndarray, batch: int = 16) -> float:
-    """Mean number of distinct anchor chunks in batches of ``batch`` consecutive patches."""
-    chunks = src.chunk_of_patch()[order]
-    whole = len(chunks) // batch * batch
-    rows = np.sort(chunks[:whole].reshape(-1, batch), axis=1)
-    return float(((np.diff(rows, axis=1) != 0).sum(axis=1) + 1).mean())
-
-
 class LoadsOfThisProcess:
     """A Grain map that tags every item with its process and that process's chunk loads."""
 
@@ -243,9 +235,9 @@ def main() -> int:
         "distinct anchor chunks per batch of 16 (target >= 8)",
         ["order", "chunks per batch"],
         [
-            ["sweep", f"{batch_diversity(src, order):.1f}"],
-            ["chunk (before)", f"{batch_diversity(src, old.permutation(0)):.1f}"],
-            ["global shuffle", f"{batch_diversity(src, global_order):.1f}"],
+            ["sweep", f"{src.anchor_chunks_per_batch(order):.1f}"],
+            ["chunk (before)", f"{src.anchor_chunks_per_batch(old.permutation(0)):.1f}"],
+            ["global shuffle", f"{src.anchor_chunks_per_batch(global_order):.1f}"],
         ],
     )
 
@@ -255,7 +247,8 @@ def main() -> int:
     concurrent = concurrent_floor_seconds(zarr.open_array(slow, path="image", mode="r"))
     slow_src = source_of(open_image(slow), budget)
     print(
-        f"\n{LATENCY * 1e3:.0f} ms per read: zarr's concurrent read of every chunk {concurrent:.2f} s"
+        f"\n{LATENCY * 1e3:.0f} ms per read: zarr's concurrent read of every chunk "
+        f"{concurrent:.2f} s"
     )
     for threads in (16, 2):
         seconds, loads, _ = shuffled_epoch(slow_src, "sweep", threads)

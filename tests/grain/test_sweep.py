@@ -279,3 +279,37 @@ def test_bad_options_name_the_argument_and_the_fix():
         src.chunk_shuffle(seed=0, mix=0)
     with pytest.raises(xpatch.OptionError, match="read_ahead=-1 must be an int >= 0"):
         src.chunk_shuffle(seed=0, read_ahead=-1)
+
+
+def test_batches_of_the_sweep_mix_several_chunks_and_more_than_the_chunk_order():
+    _, lazy = lazy_scene(160, 160, 16)  # 10 x 10 chunks
+    src = lazy.patch(y=8, x=8, stride=6).to_grain()
+    sweep = src.anchor_chunks_per_batch(src.chunk_shuffled_order(seed=0))
+    chunk = src.anchor_chunks_per_batch(src.chunk_shuffled_order(seed=0, order="chunk"))
+    one_chunk = src.anchor_chunks_per_batch(src.chunk_shuffled_order(seed=0, mix=1))
+    assert sweep >= 8 > chunk and sweep > one_chunk, (sweep, chunk, one_chunk)
+    with pytest.raises(xpatch.OptionError, match="batch_size=10000 is more than"):
+        src.anchor_chunks_per_batch(np.arange(len(src)), batch_size=10_000)
+
+
+def test_a_torch_dataloader_reads_a_batch_in_one_call_in_the_sweeps_order():
+    torch = pytest.importorskip("torch")
+    values, lazy = lazy_scene(64, 64, 16)
+    src = lazy.patch(y=12, x=12, stride=9).to_grain(weights=False)
+    calls = []
+    getitems = type(src).__getitems__
+
+    def counted(self, indices):
+        calls.append(list(indices))
+        return getitems(self, indices)
+
+    order = src.chunk_shuffled_order(seed=4).tolist()
+    loader = torch.utils.data.DataLoader(src, batch_size=8, sampler=order)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(type(src), "__getitems__", counted)
+        batches = list(loader)
+    assert [i for call in calls for i in call] == order  # one call per batch, in order
+    assert len(calls) == len(batches) == -(-len(src) // 8)
+    first = batches[0]
+    y, x = first["anchor"][0].tolist()
+    np.testing.assert_array_equal(first["data"][0].numpy(), values[:, y : y + 12, x : x + 12])

@@ -17,7 +17,7 @@ The sources need only numpy; their pipeline methods import Grain
 from __future__ import annotations
 
 import importlib
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -68,6 +68,49 @@ class Source:
 
     def __getitem__(self, index: int) -> dict:  # pragma: no cover - every source defines it
         raise NotImplementedError
+
+    def __getitems__(self, indices: Sequence[int]) -> list[dict]:
+        """Items ``indices``, in their order: the batched read PyTorch's ``DataLoader`` asks for.
+
+        With a ``sampler`` or ``batch_sampler``, ``DataLoader`` hands a whole batch of
+        indices to one call; reading them in one place keeps their chunks together in
+        the cache.
+
+        Examples
+        --------
+        >>> import numpy as np, xarray as xr, xpatch
+        >>> src = xr.DataArray(np.arange(64.0).reshape(8, 8), dims=("y", "x")).patch(
+        ...     y=4, x=4).to_grain()
+        >>> [int(item["index"]) for item in src.__getitems__([3, 0])]
+        [3, 0]
+        """
+        return [self[int(i)] for i in indices]
+
+    def anchor_chunks_per_batch(self, order: Sequence[int], batch_size: int = 16) -> float:
+        """Return the mean number of distinct chunks holding the anchors of a batch.
+
+        How mixed an order's batches are: ``batch_size`` for a global shuffle of data
+        of many chunks, 1 when each batch comes from one chunk. Batches are
+        ``batch_size`` consecutive elements of ``order``; a last partial one is left out.
+
+        Examples
+        --------
+        >>> import numpy as np, xarray as xr, xpatch
+        >>> da_ = xr.DataArray(np.zeros((64, 64)), dims=("y", "x")).chunk(16)
+        >>> src = da_.patch(y=8, x=8).to_grain()
+        >>> src.anchor_chunks_per_batch(np.arange(len(src)), batch_size=4)  # chunk by chunk
+        1.0
+        >>> src.anchor_chunks_per_batch(src.chunk_shuffled_order(seed=0), batch_size=4) > 1
+        True
+        """
+        chunks = self.chunk_of_patch()[np.asarray(order)]
+        whole = len(chunks) // batch_size * batch_size
+        if whole == 0:
+            raise OptionError(
+                f"batch_size={batch_size} is more than the {len(chunks)} elements of the order."
+            )
+        rows = np.sort(chunks[:whole].reshape(-1, batch_size), axis=1)
+        return float(((np.diff(rows, axis=1) != 0).sum(axis=1) + 1).mean())
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
