@@ -313,3 +313,48 @@ def test_a_torch_dataloader_reads_a_batch_in_one_call_in_the_sweeps_order():
     first = batches[0]
     y, x = first["anchor"][0].tolist()
     np.testing.assert_array_equal(first["data"][0].numpy(), values[:, y : y + 12, x : x + 12])
+
+
+def test_a_read_left_waiting_by_the_next_epoch_returns_and_never_winds_the_epoch_back():
+    # Grain's threads read ahead across epochs (.repeat()): a read of the old epoch
+    # waiting for its turn when the next epoch starts must return, not wait forever for
+    # positions nobody reads any more, nor plan its old epoch again (that leaked the new
+    # epoch's reads, and every later read waited for them: pytest hung at exit).
+    import threading
+
+    from xpatch.grain.readahead import SweepReads
+
+    class Chunks:
+        def read_ahead(self, chunk):
+            pass
+
+        def release(self, chunk, keep_frame):
+            pass
+
+        def face_sweep(self, reversed_axes):
+            pass
+
+    n = 200
+    touched = np.arange(n)[:, None] // 10  # 20 chunks of 10 patches
+    reads = SweepReads(
+        Chunks(),
+        touched,
+        20,
+        lambda epoch: np.arange(n),
+        lambda epoch: (np.arange(20), [(False,)]),
+        ahead=0,
+    )
+    reads.reached(0)  # epoch 0 starts; position 0 stays in flight
+    late = threading.Thread(target=reads.reached, args=(150,))  # must wait for position 0
+    late.start()
+    time.sleep(0.2)
+    assert late.is_alive()
+    reads.reached(n)  # epoch 1, position 0
+    late.join(timeout=2)
+    assert not late.is_alive()
+    reads.finished(n)
+    assert reads._epoch == 1 and not reads._in_flight
+    for i in range(n + 1, 2 * n):  # the rest of epoch 1 goes on, no read waits
+        reads.reached(i)
+        reads.finished(i)
+    assert reads._low == n

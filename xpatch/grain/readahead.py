@@ -28,6 +28,7 @@ from xpatch.core.sweep import chunk_uses, spread_positions
 #: a thread takes microseconds between two reads of a batch.
 JUMP_SECONDS = 1.0
 STALL_CHECK_SECONDS = 0.05
+MAX_WAIT_SECONDS = 5.0
 
 
 class ReadsChunks(Protocol):
@@ -113,7 +114,8 @@ class SweepReads:
                 self._start(epoch, position)
             if worker not in self._workers:
                 self._add_worker(worker)
-            self._keep_within_spread(epoch, position)
+            if not self._keep_within_spread(epoch, position):
+                return  # another pass began while this read waited: it plans nothing
             self._in_flight.add(position)
             self._frontier = max(self._frontier, position)
             load = self._due_reads() if self._ahead else ()
@@ -152,23 +154,29 @@ class SweepReads:
         for chunk in retire:
             self._source.release(int(chunk), keep_frame=False)
 
-    def _keep_within_spread(self, epoch: int, position: int) -> None:
+    def _keep_within_spread(self, epoch: int, position: int) -> bool:
         # Wait (the lock released) while the oldest position not yet read is more than
         # self._spread behind. A thread reading a batch is between two of its
         # positions for microseconds; if nothing behind is read for JUMP_SECONDS, nobody
         # reads those positions (a pass restored further on): a new pass starts here.
+        # No wait lasts past MAX_WAIT_SECONDS: the bound spares memory, it must never
+        # hold a read. False when another pass began meanwhile (this read is late).
+        started = time.monotonic()
         while self._low < position - self._spread:
+            if self._epoch != epoch:
+                return False
+            now = time.monotonic()
+            if now - started >= MAX_WAIT_SECONDS:
+                return True
             if any(p < position - self._spread for p in self._in_flight):
                 self._stalled_since = None
-                self._read_done.wait()
-                continue
-            now = time.monotonic()
-            if self._stalled_since is None:
+            elif self._stalled_since is None:
                 self._stalled_since = now
             elif now - self._stalled_since >= JUMP_SECONDS:
                 self._start(epoch, position)
-                return
+                return True
             self._read_done.wait(STALL_CHECK_SECONDS)
+        return self._epoch == epoch
 
     def _locate(self, index: int) -> tuple[int, int, int]:
         epoch, position = divmod(int(index), len(self._touched))
