@@ -88,8 +88,8 @@ def chunk_shuffle(
     if order not in ORDERS:
         raise OptionError(
             f"order={order!r} is not one of {ORDERS}: 'sweep' reads each chunk once per "
-            "epoch within the cache's budget, 'chunk' is the order of xpatch 0.x (chunks at "
-            "random, their patches together)."
+            "epoch within the cache's budget, 'chunk' is the previous order (chunks at "
+            "random, each with its patches)."
         )
     if mix is not None:
         mix = check_count("mix", mix)
@@ -182,10 +182,12 @@ def shard_range(count: int, shard_options: Any) -> tuple[int, int]:
 
 
 class ChunkShuffleMapDataset(grain.MapDataset):
-    """Visit groups (chunks) in a random order and their elements in a random order.
+    """Serve a parent's elements epoch by epoch in a sweep of their chunks, or chunk by chunk.
 
     Element ``i`` of epoch ``e`` (index ``e * len + i``) is the parent's element
-    ``e * len + perm_e[i]``, where ``perm_e`` depends on ``(seed, e)`` only.
+    ``e * len + perm_e[i]``, where ``perm_e`` depends on ``(seed, e)`` only: a sweep
+    (:mod:`xpatch.core.sweep`, read ahead by :class:`~xpatch.grain.readahead.SweepReads`)
+    or, without ``sweep``, groups (chunks) in a random order, each with its elements.
 
     Its iterator (``.to_iter_dataset()``, or iterating it) carries the source's
     fingerprint in its state, as :meth:`xpatch.grain.base.Source.with_fingerprint`

@@ -1,4 +1,4 @@
-"""Reads ahead of a known order, and letting go of what it no longer needs.
+"""Reading ahead of a known order, and letting go of what it no longer needs.
 
 A sweep (:mod:`xpatch.core.sweep`) fixes each epoch's order before the first
 patch is read, so the chunks every position needs are known: :class:`SweepReads`
@@ -27,6 +27,7 @@ from xpatch.core.sweep import chunk_uses, spread_positions
 #: Positions behind a read, none of them in flight for this long, are read by nobody:
 #: a thread takes microseconds between two reads of a batch.
 JUMP_SECONDS = 1.0
+#: A waiting read looks again this often, and never waits longer than MAX_WAIT_SECONDS.
 STALL_CHECK_SECONDS = 0.05
 MAX_WAIT_SECONDS = 5.0
 
@@ -47,7 +48,7 @@ class SweepReads:
     Parameters
     ----------
     source
-        Loads and drops chunks (:meth:`xpatch.grain.base.Source.read_ahead`, ``retire``).
+        Loads and drops chunks (:meth:`xpatch.grain.base.Source.read_ahead`, ``release``).
     touched
         ``(n, m)``: the global chunk ids of the patch at every element, -1 padded.
     chunk_count
