@@ -246,10 +246,10 @@ class Source:
         threads while the current ones are served; a chunk is dropped as soon as
         no coming position needs it. Each chunk is then read and decoded once per
         epoch within a cache of a few percent of the data (figures in
-        ``docs/grain.md``), where a random order of chunks reloaded a chunk for
+        ``docs/storage.md``), where a random order of chunks reloaded a chunk for
         each neighbour whose straddling patches needed it.
 
-        A batch of 16 holds patches of about 9 chunks at the default ``mix``
+        A batch of 16 holds patches of 8 or 9 chunks at the default ``mix``
         (a global shuffle: about 16); shuffle the batches, or raise ``mix`` with
         ``cache_bytes``, for more mixing. Its own iterators carry
         :attr:`fingerprint` in their state.
