@@ -241,6 +241,32 @@ def _refuse(*args, **kwargs):
     raise AssertionError("dask computed")
 
 
+@pytest.mark.parametrize("kind", ["geotiff", "netcdf"])
+def test_a_geotiff_or_netcdf_opened_with_chunks_is_read_from_the_file_without_dask(kind, tmp_path):
+    import dask
+
+    values = np.random.default_rng(0).integers(0, 1000, (2, 48, 48)).astype("uint16")
+    scene = xr.DataArray(values, dims=("band", "y", "x"))
+    if kind == "geotiff":
+        rioxarray = pytest.importorskip("rioxarray")
+        scene.rio.to_raster(tmp_path / "s.tif", tiled=True, blockxsize=16, blockysize=16)
+        opened = rioxarray.open_rasterio(tmp_path / "s.tif", chunks=(2, 16, 16))
+    else:
+        # scipy's netCDF3 engine: scipy is a dependency, netCDF4 is not.
+        scene.to_dataset(name="v").to_netcdf(tmp_path / "s.nc", engine="scipy")
+        opened = xr.open_dataset(tmp_path / "s.nc", engine="scipy", chunks={"y": 16, "x": 16})
+        opened = opened["v"]
+    assert stored_array(opened.data) is not None
+    src = opened.patch(y=12, x=12, stride=9).to_grain()
+    dataset = src.chunk_shuffle(seed=1)
+    with dask.config.set(scheduler=_refuse):
+        for i in range(len(src)):
+            item = dataset[i]
+            y, x = item["anchor"].tolist()
+            np.testing.assert_array_equal(item["data"], values[:, y : y + 12, x : x + 12])
+    assert src.cache_stats().loads == 9
+
+
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     rows=st.integers(12, 60),
