@@ -371,3 +371,29 @@ def test_a_checkpoint_refuses_a_pipeline_that_orders_the_elements_otherwise(chan
     again.set_state(state)  # the same pipeline resumes
     with pytest.raises(xpatch.OptionError, match=r"another\s+pipeline"):
         iter(pipeline(**change)).set_state(state)
+
+
+def test_a_checkpoint_from_before_the_sweep_resumes_with_order_chunk_and_says_so():
+    da_ = xr.DataArray(np.arange(64.0 * 64).reshape(64, 64), dims=("y", "x")).chunk(16)
+    src = da_.patch(y=8, x=8).to_grain()
+
+    def pipeline(**options):
+        shuffled = grain.MapDataset.source(src).pipe(src.chunk_shuffle, seed=7, **options)
+        return shuffled.batch(4).to_iter_dataset().pipe(src.with_fingerprint)
+
+    iterator = iter(pipeline(order="chunk"))
+    next(iterator)
+    state = iterator.get_state()
+    # What a checkpoint of the previous default recorded: no order in the signature.
+    assert state["xpatch_order"] == "batch=4;chunk_shuffle(seed=7)"
+    with pytest.raises(xpatch.OptionError, match="pass order='chunk' to chunk_shuffle"):
+        iter(pipeline()).set_state(state)
+    restored = iter(pipeline(order="chunk"))
+    restored.set_state(state)
+    assert next(restored)["index"].tolist() == next(iterator)["index"].tolist()
+    # Another mix is another order: refused, without the hint.
+    swept = iter(pipeline(mix=2))
+    next(swept)
+    with pytest.raises(xpatch.OptionError) as refused:
+        iter(pipeline(mix=3)).set_state(swept.get_state())
+    assert "order='chunk'" not in str(refused.value)

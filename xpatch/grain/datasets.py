@@ -509,14 +509,27 @@ class _FingerprintIterator(grain.DatasetIterator):
         # or saved before xpatch recorded it) is taken as this pipeline's own.
         saved_order = state.get(ORDER_KEY, self._order)
         if saved_order != self._order:
+            # Checkpoints saved before the sweep became chunk_shuffle's default name no order.
+            before_sweep = (
+                "chunk_shuffle(" in saved_order
+                and "order=sweep" not in saved_order
+                and "order=sweep" in self._order
+            )
+            hint = (
+                " It was saved before chunk_shuffle's default order became the sweep: "
+                "pass order='chunk' to chunk_shuffle to resume it."
+                if before_sweep
+                else ""
+            )
             raise OptionError(
                 "set_state: the checkpoint was saved from a pipeline that orders the patches "
                 f"as {saved_order or 'the source does'!r} and this one orders them as "
                 f"{self._order or 'the source does'!r}: another pipeline (chunk_shuffle's "
-                "seed, shard_options, worker_count or batch_size, another .batch, or another "
-                "number of mp_prefetch workers), so resuming would continue at the same "
-                "position of other patches, or fail inside Grain. Rebuild the pipeline as it "
-                "was saved; to train with this one, start it from the beginning (no set_state)."
+                "seed, order, mix, shard_options, worker_count or batch_size, another .batch, "
+                "or another number of mp_prefetch workers), so resuming would continue at the "
+                "same position of other patches, or fail inside Grain. Rebuild the pipeline as "
+                "it was saved; to train with this one, start it from the beginning (no "
+                f"set_state).{hint}"
             )
         self._parent.set_state(state[PIPELINE_KEY])
 
