@@ -136,19 +136,37 @@ def sweep_permutation(
     3
     """
     rng = np.random.default_rng([int(seed), int(epoch), _SWEEP_STREAM, 1])
-    touched = np.asarray(touched)
-    if touched.ndim == 1:
-        touched = touched[:, None]
-    key_rank = np.where(touched >= 0, ranks[np.maximum(touched, 0)], -1).max(axis=1)
-    keys = key_rank + int(mix) * rng.random(len(touched))
+    key_rank = ranks[key_chunks(touched, ranks)]
+    keys = key_rank + int(mix) * rng.random(len(key_rank))
     if worker_count == 1:
         return np.argsort(keys, kind="stable")
     unmixed = np.lexsort((keys, key_rank))
-    order = np.empty(len(touched), dtype=np.int64)
-    for positions, (start, stop) in worker_runs(len(touched), epoch, worker_count, batch_size):
+    order = np.empty(len(keys), dtype=np.int64)
+    for positions, (start, stop) in worker_runs(len(keys), epoch, worker_count, batch_size):
         run = unmixed[start:stop]
         order[positions] = run[np.argsort(keys[run], kind="stable")]
     return order
+
+
+def key_chunks(touched: np.ndarray, ranks: np.ndarray) -> np.ndarray:
+    """Return, for every patch, the chunk it touches that the sweep visits last.
+
+    A patch is served with that chunk, when all of its chunks were visited.
+
+    Examples
+    --------
+    >>> key_chunks(np.array([[0, 1], [2, -1]]), np.array([1, 0, 2])).tolist()
+    [0, 2]
+    """
+    touched = _as_rows(touched)
+    rank = np.where(touched >= 0, ranks[np.maximum(touched, 0)], -1)
+    return touched[np.arange(len(touched)), rank.argmax(axis=1)]
+
+
+def _as_rows(touched: np.ndarray) -> np.ndarray:
+    # (n,) chunk ids are (n, 1): one chunk per patch.
+    touched = np.asarray(touched)
+    return touched[:, None] if touched.ndim == 1 else touched
 
 
 def chunk_uses(order: np.ndarray, touched: np.ndarray, chunk_count: int):
@@ -164,9 +182,7 @@ def chunk_uses(order: np.ndarray, touched: np.ndarray, chunk_count: int):
     >>> first.tolist(), last.tolist()
     ([1, 0, 3], [2, 2, -1])
     """
-    touched = np.asarray(touched)
-    if touched.ndim == 1:
-        touched = touched[:, None]
+    touched = _as_rows(touched)
     positions = np.flatnonzero(order >= 0)
     chunks = touched[order[positions]]
     where = np.repeat(positions, chunks.shape[1])

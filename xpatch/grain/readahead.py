@@ -22,7 +22,7 @@ from typing import Protocol
 
 import numpy as np
 
-from xpatch.core.sweep import chunk_uses, spread_positions
+from xpatch.core.sweep import chunk_uses, key_chunks, spread_positions
 
 #: Positions behind a read, none of them in flight for this long, are read by nobody:
 #: a thread takes microseconds between two reads of a batch.
@@ -30,6 +30,13 @@ JUMP_SECONDS = 1.0
 #: A waiting read looks again this often, and never waits longer than MAX_WAIT_SECONDS.
 STALL_CHECK_SECONDS = 0.05
 MAX_WAIT_SECONDS = 5.0
+
+
+def _in_order_of(positions: np.ndarray, used: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    # The chunks that are used, sorted by their position, and those positions.
+    chunks = np.flatnonzero(used)
+    chunks = chunks[np.argsort(positions[chunks], kind="stable")]
+    return chunks, positions[chunks]
 
 
 class ReadsChunks(Protocol):
@@ -203,21 +210,15 @@ class SweepReads:
         served_by = ((np.arange(n) + self._epoch * n) // self._batch_size) % self._workers_total
         self._mine = np.isin(served_by, sorted(self._workers))
         first, last = chunk_uses(np.where(self._mine, order, -1), self._touched, self._chunk_count)
-        self._by_first = np.flatnonzero(first < n)[np.argsort(first[first < n], kind="stable")]
-        self._first = first[self._by_first]
-        self._by_last = np.flatnonzero(last >= 0)[np.argsort(last[last >= 0], kind="stable")]
-        self._last = last[self._by_last]
+        self._by_first, self._first = _in_order_of(first, first < n)
+        self._by_last, self._last = _in_order_of(last, last >= 0)
         # The last position of each chunk's own patches (those it is the last visited
         # chunk of): after it, a chunk is needed only at the sides its frame keeps.
-        touched = self._touched if self._touched.ndim == 2 else self._touched[:, None]
-        key_rank = np.where(touched >= 0, self._ranks[np.maximum(touched, 0)], -1)
-        key_chunk = touched[np.arange(n), key_rank.argmax(axis=1)]
+        key_chunk = key_chunks(self._touched, self._ranks)
         positions = np.flatnonzero(self._mine)
         whole_last = np.full(self._chunk_count, -1, dtype=np.int64)
         np.maximum.at(whole_last, key_chunk[order[positions]], positions)
-        used = np.flatnonzero(whole_last >= 0)
-        self._by_whole_last = used[np.argsort(whole_last[used], kind="stable")]
-        self._whole_last = whole_last[self._by_whole_last]
+        self._by_whole_last, self._whole_last = _in_order_of(whole_last, whole_last >= 0)
         # Chunks first used before the frontier were read (or are being read) already.
         self._next_ahead = int(np.searchsorted(self._first, self._frontier, side="right"))
         self._next_retire = int(np.searchsorted(self._last, self._low))
