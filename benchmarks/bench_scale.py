@@ -63,6 +63,14 @@ class Sizes:
 FULL = Sizes((8192, 16384), 1024, 4096, 1024, (8192, 16384), 1024, 256, 192, 32, 3)
 QUICK = Sizes((2048, 4096), 512, 2048, 512, (2048, 4096), 1024, 256, 192, 32, 2)
 
+#: Figure 5, the memory budget: a 1 GiB output of large chunks and patches at apply's
+#: default batch size, whose write should stay under TARGET_BUDGETED at the default budget.
+LARGE = Sizes((), 0, 0, 0, (8192,), 2048, 512, 384, 64, 1)
+LARGE_QUICK = Sizes((), 0, 0, 0, (4096,), 2048, 512, 384, 64, 1)
+TARGET_BUDGETED = 450 * MiB
+#: The budget that leaves 2048² chunks whole: how writes ran before there was one.
+UNBUDGETED = "4GiB"
+
 
 # -- helpers ----------------------------------------------------------------------------
 
@@ -426,7 +434,9 @@ def child(args: argparse.Namespace) -> int:
     p = data.patch(y=args.patch, x=args.patch, stride=args.stride, window="hann")
     fn = CallCounter(double)  # thread-safe: counts the patches that went through fn
     start = time.perf_counter()
-    result = p.apply(fn, batch_size=args.batch)
+    # Declared, so that apply does not call fn on a batch of zeros to find them.
+    declared = {"output_dims": {"band": BANDS}, "dtype": "float32"}
+    result = p.apply(fn, batch_size=args.batch, task_memory=args.task_memory, **declared)
     blocks = xpatch.write(result, args.out, progress=False)
     seconds = time.perf_counter() - start
     peak = peak_rss()
@@ -456,6 +466,7 @@ def child(args: argparse.Namespace) -> int:
         "fn_patches": fn.patches,
         "fn_calls": fn.calls,
         "groups": p.patches().data.npartitions,
+        "blocks_shape": [max(c) for c in result.chunks[1:]],
         "output": int(np.prod(result.shape)) * result.dtype.itemsize,
         "disk": disk,
         "err": err,
@@ -464,10 +475,12 @@ def child(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_child(n: int, chunk: int, s: Sizes) -> dict:
+def run_child(n: int, chunk: int, s: Sizes, task_memory: str | None = None) -> dict:
     """Run one out-of-core write in a fresh process; delete its output afterwards."""
     tmp = Path(tempfile.mkdtemp(prefix="xpatch-bench-scale-"))
     options = {"n": n, "chunk": chunk, "patch": s.patch, "stride": s.stride, "batch": s.batch}
+    if task_memory is not None:
+        options["task-memory"] = task_memory
     command = [sys.executable, os.path.abspath(__file__), "--child"]
     for name, value in options.items():
         command += [f"--{name}", str(value)]
@@ -554,6 +567,37 @@ def bench_ooc(s: Sizes) -> dict:
     return {"runs": runs}
 
 
+def bench_budget(s: Sizes) -> dict:
+    """Peak memory and time of a write of large chunks: the default budget against none."""
+    n = s.ooc_grids[0]
+    runs = {
+        "default": run_child(n, s.ooc_chunk, s),
+        f"task_memory={UNBUDGETED!r}": run_child(n, s.ooc_chunk, s, UNBUDGETED),
+    }
+    rows = [
+        [
+            label,
+            "x".join(map(str, r["blocks_shape"])),
+            r["fn_calls"],
+            fmt_mib(r["peak"]),
+            fmt_mib(r["peak"] - r["baseline"]),
+            f"{r['seconds']:.1f} s",
+            f"{r['err']:.1e}",
+        ]
+        for label, r in runs.items()
+    ]
+    print_table(
+        f"5. the memory budget: xpatch.write(p.apply(b * 2, batch_size={s.batch})) of a "
+        f"({BANDS}, {n}, {n}) float32 output, input in ({BANDS}, {s.ooc_chunk}, "
+        f"{s.ooc_chunk}) chunks, {s.patch}x{s.patch} stride {s.stride} hann, one fresh process "
+        "per row",
+        ["task_memory", "working blocks", "fn calls", "peak RSS", "peak - base", "write", "err"],
+        rows,
+    )
+    default, whole = runs.values()
+    return {"default": default, "whole": whole}
+
+
 # -- main ------------------------------------------------------------------------------------
 
 
@@ -568,6 +612,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--stride", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--batch", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
+    parser.add_argument("--task-memory", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
@@ -585,6 +630,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = bench_apply(s, values)
     del values
     oc = bench_ooc(s)
+    bu = bench_budget(LARGE_QUICK if args.quick else LARGE)
 
     print("\n## summary\n")
     for f in g["figures"]:
@@ -614,6 +660,16 @@ def main(argv: list[str] | None = None) -> int:
             f"({'each once' if r['fn_patches'] == r['patches'] else 'MISMATCH'}); "
             f"{r['seconds']:.1f} s"
         )
+    default, whole = bu["default"], bu["whole"]
+    print(
+        f"- large chunks ({fmt_mib(default['output'])} output, {LARGE.ooc_chunk}^2 chunks, "
+        f"{LARGE.patch}^2 patches, batch {LARGE.batch}): peak RSS {fmt_mib(default['peak'])} "
+        f"at the default task_memory "
+        f"({'under' if default['peak'] < TARGET_BUDGETED else 'OVER'} the target "
+        f"{TARGET_BUDGETED // MiB} MiB) = {default['peak'] / whole['peak']:.2f}x the peak "
+        f"with chunks whole ({fmt_mib(whole['peak'])}), in "
+        f"{default['seconds'] / whole['seconds']:.2f}x the time"
+    )
     print(f"\n(total {time.perf_counter() - start:.1f} s)")
     return 0
 

@@ -447,9 +447,19 @@ class Patcher(Generic[T]):
         out_dtype: OutputDTypes | None = APPLY.out_dtype,
         scale: ScaleSpec | None = APPLY.scale,
         weights: Any = APPLY.weights,
+        task_memory: int | str | None = APPLY.task_memory,
     ) -> xr.DataArray | xr.Dataset:
         options = ApplyOptions(
-            batch_size, output_dims, dtype, reduce, nodata, pad_batch, out_dtype, scale, weights
+            batch_size,
+            output_dims,
+            dtype,
+            reduce,
+            nodata,
+            pad_batch,
+            out_dtype,
+            scale,
+            weights,
+            task_memory,
         )
         return inference.apply(self._layout, fn, options)
 

@@ -335,3 +335,24 @@ def test_every_option_has_help_and_says_its_default_once(capsys):
     assert "(default: None)" not in text and "(default: False)" not in text
     for option in text.split(" --")[1:]:
         assert option.lower().count("default") <= 1, option
+
+
+def test_task_memory_works_large_chunks_in_smaller_blocks_and_a_bad_one_names_the_flag(
+    tmp_path, model_file, raster, capsys
+):
+    source = tmp_path / "in.zarr"
+    raster.to_dataset().to_zarr(source)
+    argv = ["apply", str(source), "--fn", f"{model_file}:double", "--no-progress"]
+    options = ["--size", "16", "--stride", "12", "--chunks", "64"]
+    budgeted, whole = tmp_path / "budgeted.zarr", tmp_path / "whole.zarr"
+    assert main([*argv[:2], str(budgeted), *argv[2:], *options, "--task-memory", "64KiB"]) == 0
+    assert main([*argv[:2], str(whole), *argv[2:], *options]) == 0
+    small, large = (xr.open_zarr(p)["reflectance"] for p in (budgeted, whole))
+    assert max(large.chunks[1]) == 64 and max(small.chunks[1]) * max(small.chunks[2]) < 64 * 64
+    np.testing.assert_allclose(small.values, large.values, rtol=1e-6)
+    np.testing.assert_allclose(large.values, raster.values * 2, rtol=1e-6)
+    capsys.readouterr()
+    target = str(tmp_path / "never.zarr")
+    assert main([*argv[:2], target, *argv[2:], *options, "--task-memory", "lots"]) == 2
+    err = capsys.readouterr().err
+    assert "--task-memory lots is not a memory size" in err and "task_memory=" not in err

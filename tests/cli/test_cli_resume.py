@@ -308,3 +308,24 @@ def test_ctrl_c_stops_with_one_line_and_the_same_command_resumes(scene, tmp_path
 
     assert run(argv) == 0  # the same command, nothing else: no lock in the way
     np.testing.assert_allclose(xr.open_zarr(target)["out"].values, scene[1] * 2, rtol=1e-6)
+
+
+def test_another_task_memory_that_changes_the_blocks_is_refused_not_mixed(
+    scene, model_file, tmp_path, monkeypatch, capsys
+):
+    target = tmp_path / "out.zarr"
+    argv = base_argv(scene, model_file, target)
+    argv = change_option(change_option(argv, "--chunks", "64"), "--size", "16")
+    argv = change_option(argv, "--stride", "12")
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        run(argv, crash_after=4, monkeypatch=monkeypatch)
+    done = done_markers(target)
+    assert done
+    capsys.readouterr()
+    # Working blocks of 32 cells instead of the 64-cell chunks: other zarr chunks.
+    assert run([*argv, "--task-memory", "48KiB"]) == 2
+    err = capsys.readouterr().err
+    assert "do not line up" in err and "--task-memory" in err and "--restart" in err, err
+    assert done_markers(target) == done
+    assert run(argv) == 0
+    np.testing.assert_allclose(xr.open_zarr(target)["out"].values, scene[1] * 2, rtol=1e-6)

@@ -28,10 +28,16 @@ def test_a_hundred_classes_on_1024_chunks_stay_within_dask_chunk_size():
     )
     p = da.patch(y=256, x=256, stride=192)
     with forbid_compute():
-        out = p.apply(scores(100), output_dims={"class": 100}, dtype="float32")
+        # A budget that lets tasks hold the partial sums of 100 classes over a chunk.
+        out = p.apply(scores(100), output_dims={"class": 100}, dtype="float32", task_memory="4GiB")
     block = max(out.chunks[0]) * max(out.chunks[1]) * max(out.chunks[2]) * out.dtype.itemsize
     assert block <= 128 * 2**20 < 100 * 1024 * 1024 * 4
     assert sum(out.chunks[0]) == 100 and out.chunks[1:] == da.chunks[1:]
+    # At the default budget the tasks' partial sums (1279² cells x 100 classes: 624 MiB)
+    # do not fit either: the working blocks, and so the output's, are smaller.
+    with forbid_compute():
+        small = p.apply(scores(100), output_dims={"class": 100}, dtype="float32")
+    assert max(small.chunks[1]) * max(small.chunks[2]) < 1024 * 1024
     # a few classes stay one chunk: nothing changes for the common case
     few = p.apply(scores(3), output_dims={"class": 3}, dtype="float32")
     assert few.chunks[0] == (3,)

@@ -116,6 +116,13 @@ def add_apply_command(commands: argparse._SubParsersAction) -> argparse.Argument
     )
     apply.add_argument("--batch-size", type=positive_int, default=32, help="patches per call of FN")
     apply.add_argument(
+        "--task-memory",
+        default=None,
+        help="memory one task may hold, e.g. 512MiB (default: the dask config "
+        "xpatch.task-memory, else 192MiB); chunks whose tasks would hold more are worked "
+        "and written in smaller blocks. Peak memory is about the threads times it",
+    )
+    apply.add_argument(
         "--pad-batch",
         action="store_true",
         help="hand FN batches of exactly --batch-size patches (the last one padded), so that "
@@ -418,6 +425,7 @@ def apply_options(args: argparse.Namespace) -> dict:
         "nodata": args.nodata,
         "out_dtype": args.out_dtype,
         "scale": _scale(args.scale),
+        "task_memory": args.task_memory,
     }
 
 

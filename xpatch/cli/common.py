@@ -93,6 +93,7 @@ _FLAGS = (
     (r"\bout_dtype=", "--out-dtype "),
     (r"\bdtype=", "--dtype "),
     (r"\bbatch_size=", "--batch-size "),
+    (r"\btask_memory=", "--task-memory "),
     (r"\bpad_mode=", "--pad-mode "),
     (r"\bboundary=", "--boundary "),
     (r"\bwindow=", "--window "),

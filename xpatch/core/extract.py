@@ -8,6 +8,7 @@ input's axis order, with each patched axis shortened to the patch size.
 from __future__ import annotations
 
 import itertools
+import math
 import operator
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterator, Sequence
@@ -243,7 +244,9 @@ def cut_strips(block: np.ndarray, crops: dict) -> dict:
     return {read: Strip(block[index].copy()) for read, index in crops.items()}
 
 
-def strip_reads(reads: list, array: da.Array, name: str, layer: dict) -> list:
+def strip_reads(
+    reads: list, array: da.Array, name: str, layer: dict, own_cuts: bool = False
+) -> list:
     """Let the reads of :func:`group_reads` take thin parts of blocks from strips tasks.
 
     A group reads its home block nearly whole and thin strips of its neighbours.
@@ -253,6 +256,11 @@ def strip_reads(reads: list, array: da.Array, name: str, layer: dict) -> list:
     half the block each) and the block is freed at once. Adds those tasks to
     ``layer``; returns ``reads`` with the nested keys of such parts replaced by
     the tasks that pick them (the values are the same, cut earlier).
+
+    With ``own_cuts`` (groups of working blocks smaller than the chunks) every
+    read of less than a whole block is cut by a task of that group's own
+    (``{name}-strips`` keyed by block and read): a computation of a few groups
+    then cuts only their parts, and frees the block once they are cut.
     """
     parts: dict[tuple, dict[tuple, tuple]] = {}
 
@@ -262,18 +270,20 @@ def strip_reads(reads: list, array: da.Array, name: str, layer: dict) -> list:
         cut = tuple(crops[axis][i] for axis, i in enumerate(index))
         block = [array.chunks[axis][b] for axis, b in enumerate(item[1:])]
         cells = [len(range(*c.indices(n))) for c, n in zip(cut, block)]
-        if 2 * int(np.prod(cells, dtype=np.int64)) > int(np.prod(block, dtype=np.int64)):
-            return item  # most of the block: read it whole
+        whole = cells == block if own_cuts else 2 * math.prod(cells) > math.prod(block)
+        if whole:
+            return item  # the block, or most of it: read it whole
         # A read may take two parts of one block (padding that wraps around).
-        parts.setdefault(item, {})[(number, *index)] = cut
-        return (operator.getitem, (f"{name}-strips", *item[1:]), (number, *index))
+        task = (*item[1:], number) if own_cuts else item[1:]
+        parts.setdefault((item, task), {})[(number, *index)] = cut
+        return (operator.getitem, (f"{name}-strips", *task), (number, *index))
 
     out = [
         (g, index, swap(nested, (), number, crops), crops, local, takes)
         for number, (g, index, nested, crops, local, takes) in enumerate(reads)
     ]
-    for key, crops in parts.items():
-        layer[(f"{name}-strips", *key[1:])] = (cut_strips, key, crops)
+    for (key, task), crops in parts.items():
+        layer[(f"{name}-strips", *task)] = (cut_strips, key, crops)
     return out
 
 

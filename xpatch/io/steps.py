@@ -169,7 +169,10 @@ def refuse_other_run(name: str, layout: list[str], computation: list[str], resum
         raise OutputError(
             f"{name!r} holds an interrupted run whose blocks do not line up with this result: "
             + "; ".join(layout)
-            + ". Start again with overwrite=True (xpatch apply --restart), or write elsewhere."
+            + ". The blocks are the input's chunks, or smaller working blocks where a task "
+            "would pass task_memory: resume with the interrupted run's chunks and "
+            "task_memory (xpatch apply --chunks, --task-memory), start again with "
+            "overwrite=True (xpatch apply --restart), or write elsewhere."
         )
     if computation and resume != "force":
         raise OutputError(

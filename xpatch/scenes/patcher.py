@@ -151,6 +151,7 @@ class ScenePatcher:
         out_dtype: OutputDTypes | None = APPLY.out_dtype,
         scale: ScaleSpec | None = APPLY.scale,
         weights: Any = APPLY.weights,
+        task_memory: int | str | None = APPLY.task_memory,
     ) -> dict[str, xr.DataArray | xr.Dataset]:
         """Run ``fn`` over every scene's patches: ``{name: p.apply(fn, ...)}``, lazily.
 
@@ -168,7 +169,16 @@ class ScenePatcher:
         {'0': 10.0, '1': 20.0}
         """
         options = ApplyOptions(
-            batch_size, output_dims, dtype, reduce, nodata, pad_batch, out_dtype, scale, weights
+            batch_size,
+            output_dims,
+            dtype,
+            reduce,
+            nodata,
+            pad_batch,
+            out_dtype,
+            scale,
+            weights,
+            task_memory,
         ).as_keywords()
         return {name: p.apply(fn, **options) for name, p in self._patchers.items()}
 

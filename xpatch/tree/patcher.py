@@ -422,6 +422,7 @@ class TreePatcher:
         out_dtype: OutputDTypes | None = APPLY.out_dtype,
         scale: ScaleSpec | None = APPLY.scale,
         weights: Any = APPLY.weights,
+        task_memory: int | str | None = APPLY.task_memory,
     ) -> xr.DataTree:
         """Run ``fn`` over every node's patches in batches and blend the results per node.
 
@@ -457,7 +458,16 @@ class TreePatcher:
         (np.float64(3.0), [3.0, 3.0, 3.0])
         """
         options = ApplyOptions(
-            batch_size, output_dims, dtype, reduce, nodata, pad_batch, out_dtype, scale, weights
+            batch_size,
+            output_dims,
+            dtype,
+            reduce,
+            nodata,
+            pad_batch,
+            out_dtype,
+            scale,
+            weights,
+            task_memory,
         ).as_keywords()
         functions = node_functions(fn, self.nodes)
         # Every node is checked before the first runs: numpy nodes compute at once.

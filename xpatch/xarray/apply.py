@@ -18,6 +18,7 @@ from dask.base import tokenize
 from numpy.typing import ArrayLike, DTypeLike
 
 from xpatch.core.apply import Apply, BatchFunction, Output, apply_dask, apply_numpy
+from xpatch.core.apply.memory import task_memory
 from xpatch.core.blend.reductions import ReduceOption, Reduction, as_reduction, label_dtype
 from xpatch.core.blend.weighted import check_weights
 from xpatch.core.errors import DimensionError, OptionError
@@ -74,6 +75,7 @@ class ApplyOptions:
     out_dtype: OutputDTypes | None = None
     scale: ScaleSpec | None = None
     weights: str | ArrayLike | None = None
+    task_memory: int | str | None = None
 
     def as_keywords(self) -> dict[str, Any]:
         """Return the options as keyword arguments of :meth:`xpatch.Patcher.apply`."""
@@ -242,6 +244,16 @@ def apply(
         per-patch weights known beforehand, an array of shape ``(n_patches,)``
         in the order of :meth:`anchors`. A cell whose weights are all 0 has no
         value (NaN); a weighted mean is a float.
+    task_memory
+        Dask input: the memory one task may hold, in bytes or as a size such as
+        ``"512MiB"`` (default: the dask config ``xpatch.task-memory``, else
+        ``"192MiB"``). A task holds its group's input, the partial sums of its
+        results and one batch of patches with ``fn``'s results; where the
+        largest would pass the budget, the input's chunks are cut into smaller
+        working blocks (the output's blocks, then), halving the longest side
+        until it fits or blocks are a patch long. A write's peak memory is then
+        about the threads times it, plus the imports: see "How much memory a
+        write takes" in ``docs/scale.md``. Values do not depend on it.
 
     Returns
     -------
@@ -313,6 +325,7 @@ def apply(
             "batch_size patches)."
         )
     reduce = as_reduction(options.reduce, argmax=True)
+    budget = task_memory(options.task_memory)
     nodata = check_nodata_option(options.nodata)
     grid = output_grid(layout, options.scale)
     out_dtype = options.out_dtype
@@ -353,9 +366,11 @@ def apply(
         weight_key=weight_key,
     )
     lazy = isinstance(data, da.Array)
-    run = apply_dask if lazy else apply_numpy
-    data = data if lazy else np.asarray(data)
-    arrays = run(data, layout.plan, inference, None if grid.identity else grid.plan, patch_weights)
+    out_plan = None if grid.identity else grid.plan
+    if lazy:
+        arrays = apply_dask(data, layout.plan, inference, out_plan, patch_weights, budget)
+    else:
+        arrays = apply_numpy(np.asarray(data), layout.plan, inference, out_plan, patch_weights)
     results = {}
     for name, (dims, declared, stored, own) in specs.items():
         out = _dress(layout, grid, arrays[name], dims, reduce, own, stored)

@@ -28,6 +28,7 @@ from xpatch.core.apply.batches import (
     run_batches,
     weighing,
 )
+from xpatch.core.apply.memory import working_plans
 from xpatch.core.blend.batch_blend import (
     BatchBlend,
     batch_kernel,
@@ -252,6 +253,7 @@ def apply_dask(
     apply: Apply,
     out_plan: Plan | None = None,
     weights: np.ndarray | None = None,
+    budget: int | None = None,
 ) -> dict[str | None, da.Array]:
     """Sliding-window inference as one lazy graph: patches, ``fn``, overlap-add.
 
@@ -266,7 +268,11 @@ def apply_dask(
     arguments (``fn`` and the window among them) enter the graph once. With
     ``out_plan`` (the plan on an output grid at another resolution) the patches
     are cut on ``plan`` and blended on it; ``weights`` (per patch, the user's
-    order) enter each group's task as its share.
+    order) enter each group's task as its share. With ``budget`` (bytes) the
+    input's chunks are cut into working blocks small enough that the largest
+    task's estimate fits (:func:`~xpatch.core.apply.memory.working_plans`); the
+    output's blocks are then those, and each group cuts its part of a chunk in a
+    task of its own, so that the chunk is freed once the parts are cut.
 
     Returns
     -------
@@ -278,9 +284,16 @@ def apply_dask(
     k = plan.ndim
     n_carried = array.ndim - k
     axes = tuple(range(n_carried, array.ndim))
+    accs = result_dtypes(apply, plan if out_plan is None else out_plan, weights)
+    if budget is not None:
+        plan, scaled = working_plans(
+            array.shape, array.dtype.itemsize, plan, apply, out_plan or plan, accs, budget
+        )
+        out_plan = None if out_plan is None else scaled
     name, token = _graph_name(array, plan, apply, out_plan, weights)
     out_plan = plan if out_plan is None else out_plan
-    accs = result_dtypes(apply, out_plan, weights)
+    # Working blocks smaller than the chunks: each group cuts its own part of a chunk.
+    own_cuts = plan.grid.numblocks != tuple(len(array.chunks[ax]) for ax in axes)
     # fn and the window enter the graph once, under keys of their own; each task carries
     # the rest of what they share (a few small values).
     fn_key, window_key = (f"xpatch-fn-{token}",), (f"xpatch-window-{token}",)
@@ -289,7 +302,7 @@ def apply_dask(
     layer: dict = {fn_key: apply.fn, window_key: apply.window}
     group_keys = {}
     reads = group_reads(array, list(axes), plan, range(n_carried), apply.pad_mode)
-    for g, _, nested, crops, local, takes in strip_reads(list(reads), array, name, layer):
+    for g, _, nested, crops, local, takes in strip_reads(list(reads), array, name, layer, own_cuts):
         lo, shape = out_plan.boxes[g]
         group = Group(out_plan.group_anchors(g), lo, shape, group_weights(weights, plan, g))
         group_keys[g] = (f"{name}-partial", g)
