@@ -379,6 +379,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, < 30 s")
     args = parser.parse_args(argv)
+    if xbatcher is None:
+        parser.error("figure 1 compares with xbatcher: pip install xbatcher")
     s = QUICK if args.quick else FULL
     start = time.perf_counter()
     versions = f"grain {grain.__version__}, xbatcher {xbatcher.__version__}"

@@ -191,6 +191,25 @@ class ChunkCache:
                 pending.done.set()
         return value
 
+    def offer(self, key: Hashable, value: object) -> bool:
+        """Hold ``value`` as the chunk under ``key`` unless it is held or being loaded.
+
+        For chunks read together with another (one read of a run of neighbours):
+        each counts as one load. Returns whether it was taken.
+        """
+        with self._lock:
+            if key in self._entries or key in self._pending:
+                return False
+            self._loads += 1
+            self._loaded_bytes += nbytes_of(value)
+            self._store(key, value)
+            return True
+
+    def holds(self, key: Hashable) -> bool:
+        """Whether the chunk under ``key`` is held or being loaded."""
+        with self._lock:
+            return key in self._entries or key in self._pending
+
     def _count_wait(self, started: float) -> None:
         with self._lock:
             self._wait_seconds += time.perf_counter() - started

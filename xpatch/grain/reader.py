@@ -29,7 +29,22 @@ from xpatch.core.chunk_frames import (
 from xpatch.core.extract import check_pad_value
 from xpatch.core.padding import fill_padded
 from xpatch.core.plan import ChunkGrid
+from xpatch.core.sweep import chunk_uses
 from xpatch.xarray.variables import is_dask_backed
+
+#: Chunks read in one call of the store when patches are read in index order: the chunk
+#: a patch needs and the next ones along the last patched axis, which zarr then decodes
+#: concurrently (a 1 GiB zarr of 512² chunks read in runs of 4: 1.1-1.3 s, against
+#: 1.8-1.9 s chunk by chunk, on 2 cores).
+RUN_CHUNKS = 4
+
+#: At most this share of the cache goes to one run, so that a small cache is not
+#: flushed by chunks read ahead of their patches.
+RUN_SHARE_OF_CACHE = 0.25
+
+#: Positions read one after another before the reader takes the reads to be in index
+#: order (a shuffled order, or Grain's threads, rarely give three in a row).
+IN_ORDER_STREAK = 2
 
 
 class VariablePlan:
@@ -128,6 +143,13 @@ class PatchReader:
         self.cache = ChunkCache(self.cache_bytes)
         #: Cache keys are ``(prefix, block)`` under a prefix (a cache shared by scenes).
         self.prefix: int | None = None
+        # Positions read one after another (IN_ORDER_STREAK of them): the reader then reads
+        # the chunks that follow in the same call (RUN_CHUNKS) and, when the data passes
+        # the cache, drops each chunk after the last position that uses it.
+        self._last_position = -2
+        self._streak = 0
+        self._in_order = False
+        self._last_uses: dict[int, list[int]] | None = None
         # Most patches lie inside one chunk and inside the array: they take a
         # short path (one cache lookup, one slice copy) found here for all at once.
         self._alone = np.full(len(anchors), -1, dtype=np.int64)
@@ -251,13 +273,45 @@ class PatchReader:
 
     def read(self, position: int, anchor: tuple[int, ...]) -> dict[Hashable, np.ndarray]:
         """Each variable's patch ``position``, at ``anchor``."""
+        # A heuristic shared by threads: a race only reads a run more or less, or drops
+        # a chunk that the next read loads again.
+        self._streak = self._streak + 1 if position == self._last_position + 1 else 0
+        self._last_position = position
+        self._in_order = self._streak >= IN_ORDER_STREAK
         flat = self._alone[position]
         if flat >= 0:
             block = self._blocks[flat]
             chunk = self._chunk(block)
-            return {plan.name: self._slice(plan, anchor, block, chunk) for plan in self.plans}
-        pieces = self._pieces(anchor) if self.grid is not None else []
-        return {plan.name: self._cut(plan, anchor, pieces) for plan in self.plans}
+            item = {plan.name: self._slice(plan, anchor, block, chunk) for plan in self.plans}
+        else:
+            pieces = self._pieces(anchor) if self.grid is not None else []
+            item = {plan.name: self._cut(plan, anchor, pieces) for plan in self.plans}
+        if self._in_order:
+            for chunk_id in self._done_in_order(position):
+                self.cache.release(self._key(self.block_of(chunk_id)))
+        return item
+
+    def _done_in_order(self, position: int) -> list[int]:
+        """Return the chunks no position after ``position`` uses, if the data passes the cache.
+
+        Read in index order, a chunk past its last use would only wait in an LRU cache
+        smaller than the data for its eviction; dropped, its memory serves the next
+        chunks (the first epoch of a fresh process took 1.7-1.9x the read floor
+        holding them, 1.1-1.2x dropping them).
+        """
+        if self._last_uses is None:
+            last_uses: dict[int, list[int]] = {}
+            whole = self.grid is not None and (
+                self.grid.count * self._largest_chunk_bytes() > self.cache_bytes
+            )
+            if whole and all(plan.lazy for plan in self.plans):
+                touched = self.grid.touched_ids(self._anchors, self.size)
+                order = np.arange(len(self._anchors))
+                _, last = chunk_uses(order, touched, self.grid.count)
+                for chunk_id in np.flatnonzero(last >= 0).tolist():
+                    last_uses.setdefault(int(last[chunk_id]), []).append(chunk_id)
+            self._last_uses = last_uses
+        return self._last_uses.get(position, [])
 
     def _slice(self, plan: VariablePlan, anchor, block, chunk: dict) -> np.ndarray:
         values = chunk[plan.name]
@@ -293,16 +347,66 @@ class PatchReader:
             whole, value = self.cache.get_or_frame(
                 self._key(block),
                 lambda frame, box=box: covering_slab(frame, box),
-                lambda b=block: self._load(b),
+                lambda b=block: self._load_next(b),
             )
             pieces.append((region, value) if whole else value)
         return pieces
 
     def _chunk(self, block: tuple[int, ...]) -> dict[Hashable, np.ndarray]:
-        return self.cache.get(self._key(block), lambda: self._load(block))
+        return self.cache.get(self._key(block), lambda: self._load_next(block))
+
+    def _load_next(self, block: tuple[int, ...]) -> dict[Hashable, np.ndarray]:
+        """Load ``block``; in index order, with the chunks after it not held, in one read."""
+        run = self._run_from(block) if self._in_order else [block]
+        if len(run) == 1:
+            return self._load(block)
+        last = len(block) - 1
+        region = list(self.grid.region(block))
+        region[last] = slice(region[last].start, self.grid.region(run[-1])[last].stop)
+        loaded = self._load_region(region)
+        pieces = []
+        for b in run:
+            piece = {}
+            for plan in self.plans:
+                if plan.name not in loaded:
+                    continue
+                values = loaded[plan.name]
+                if last in plan.columns:
+                    cut = self.grid.region(b)[last]
+                    index = [slice(None)] * values.ndim
+                    start = cut.start - region[last].start
+                    index[plan.axes[plan.columns.index(last)]] = slice(
+                        start, start + cut.stop - cut.start
+                    )
+                    values = values[tuple(index)]
+                piece[plan.name] = values
+            pieces.append(piece)
+        for b, piece in zip(run[1:], pieces[1:]):
+            self.cache.offer(self._key(b), piece)
+        return pieces[0]
+
+    def _run_from(self, block: tuple[int, ...]) -> list[tuple[int, ...]]:
+        """Return ``block`` and the chunks after it along the last axis that one read takes."""
+        if not all(plan.stored is not None for plan in self.plans if plan.lazy):
+            return [block]  # computed by dask: a larger region is no cheaper per chunk
+        per_chunk = max(self._largest_chunk_bytes(), 1)
+        longest = min(RUN_CHUNKS, int(RUN_SHARE_OF_CACHE * self.cache_bytes // per_chunk))
+        last = len(block) - 1
+        run = [block]
+        while len(run) < longest:
+            following = (*block[:last], run[-1][last] + 1)
+            if following[last] >= self.grid.numblocks[last]:
+                break
+            if self.cache.holds(self._key(following)):
+                break
+            run.append(following)
+        return run
 
     def _load(self, block: tuple[int, ...]) -> dict[Hashable, np.ndarray]:
-        region = self.grid.region(block)
+        return self._load_region(self.grid.region(block))
+
+    def _load_region(self, region: Sequence[slice]) -> dict[Hashable, np.ndarray]:
+        """Each variable read from chunks over ``region`` (a box of whole chunks), read-only."""
         loaded = {}
         for plan in self.plans:
             if plan.lazy:
