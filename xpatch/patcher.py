@@ -101,7 +101,19 @@ class Patcher(Generic[T]):
         from the array's start). Every view, :meth:`apply` and the Grain source
         use it. A model that looks at neighbours (a convolution) spreads the
         default NaN fill of float data into valid cells near the edge: use
-        ``"reflect"`` (or ``"edge"``) for those.
+        ``"reflect"`` (or ``"edge"``) for those. With a ``halo`` it also fills
+        the halo past both edges of the array.
+    halo
+        Cells read on each side of every patch beyond its window, for a model
+        that looks at neighbours or crops (a U-Net without padding): one int, or
+        ``{dim: int}``. ``p[i]``, :meth:`patches`, the Grain source and ``fn`` in
+        :meth:`apply` see patches grown by ``2 * halo`` cells (filled from the
+        neighbouring chunks, and past the array's edges as ``pad_mode`` says);
+        ``size``, ``stride``, ``boundary``, :meth:`anchors`, :meth:`bounds` and
+        the blending are the inner window's. ``fn`` (and :meth:`reconstruct`'s
+        predictions) may return either the grown shape (xpatch crops the halo)
+        or the inner shape (a model that crops); only the inner window is
+        blended. The anchor numbers are the inner windows'.
     **size_kwargs
         The patch size as keyword arguments, ``y=256, x=256``.
 
@@ -149,9 +161,10 @@ class Patcher(Generic[T]):
         min_valid: float | None = DEFAULT.min_valid,
         pad_value: Any = DEFAULT.pad_value,
         pad_mode: PadMode = DEFAULT.pad_mode,
+        halo: int | Mapping[Hashable, int] | None = DEFAULT.halo,
         **size_kwargs: int,
     ) -> None:
-        options = LayoutOptions(boundary, window, sampler, min_valid, pad_value, pad_mode)
+        options = LayoutOptions(boundary, window, sampler, min_valid, pad_value, pad_mode, halo)
         layout = Layout.build(obj, size_mapping(size, size_kwargs), stride, options)
         object.__setattr__(self, "_layout", layout)
 
@@ -373,7 +386,7 @@ class Patcher(Generic[T]):
         anchors = self._layout.plan.anchors
         if not -len(anchors) <= position < len(anchors):
             raise IndexError(f"patch index {position} is out of range for {len(anchors)} patches.")
-        return views.cut(self._layout, anchors[position : position + 1 or None])
+        return views.cut(self._layout.reading, anchors[position : position + 1 or None])
 
     def patch_at(self, anchor: Sequence[int] | Mapping[Hashable, int]) -> T:
         """Return the patch that starts at ``anchor``, with its own coordinate labels.
@@ -396,7 +409,7 @@ class Patcher(Generic[T]):
         anchors = anchor_array(anchor, self._layout.geometry, "anchor")
         if len(anchors) != 1:
             raise GeometryError(f"anchor={anchor!r} must be one start per patched dimension.")
-        return views.cut(self._layout, anchors)
+        return views.cut(self._layout.reading, anchors)
 
     def patches(self) -> T:
         """All patches stacked along a leading ``"patch"`` dim, in the order of :meth:`anchors`.
@@ -419,7 +432,7 @@ class Patcher(Generic[T]):
         >>> da.patch(y=4, x=4).patches().sizes
         Frozen({'patch': 4, 'band': 3, 'y': 4, 'x': 4})
         """
-        return views.cut(self._layout, None)
+        return views.cut(self._layout.reading, None)
 
     # -- reconstruction and inference --------------------------------------------------
 

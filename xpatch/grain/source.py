@@ -117,7 +117,8 @@ class PatchSource(Source):
         for name, flag in (("transform", transform), ("weights", weights)):
             if not isinstance(flag, bool | np.bool_):
                 raise OptionError(f"{name}={flag!r} must be True or False.")
-        layout = layout_of(patcher)
+        # With a halo the items are the grown patches: the layout they are read through.
+        layout = layout_of(patcher).reading
         obj = layout.obj
         dims = layout.dims
         usable = layout.variables

@@ -38,7 +38,7 @@ from xpatch.xarray.encoding import (
 from xpatch.xarray.layout import Layout
 from xpatch.xarray.provenance import describe_callable, layout_facts, note_result
 from xpatch.xarray.reconstruct import output_coords
-from xpatch.xarray.returns import declare_returns
+from xpatch.xarray.returns import declare_returns, output_halo
 from xpatch.xarray.scaled import OutputGrid, output_grid, resampler
 from xpatch.xarray.variables import check_apply_dtype, data_token
 from xpatch.xarray.views import PATCH_DIM
@@ -352,7 +352,10 @@ def apply(
     if names is not None:
         check_output_layout(layout, output_dims, names)
     carried = [d for d in obj.dims if d not in layout.dims]
-    data = obj.transpose(*carried, *layout.dims).data
+    # With a halo, fn sees the patches of the grown layout (the object padded by it),
+    # and the inner windows blend onto the original grid: the output has a plan of its own.
+    reading = layout.reading
+    data = reading.obj.transpose(*carried, *layout.dims).data
     outputs = {n: Output(tuple(int(s) for s in o.dims.values()), o.dtype) for n, o in specs.items()}
     inference = Apply(
         fn,
@@ -361,16 +364,19 @@ def apply(
         grid.window,
         reduce.blend,
         pad_value=check_pad_value(layout.pad_value, obj.dtype),
-        pad_mode=layout.pad_mode,
+        pad_mode=reading.pad_mode,
         pad_batch=bool(pad_batch),
         weight_key=weight_key,
+        halo=output_halo(layout, out_patch) if reading is not layout else (),
     )
     lazy = isinstance(data, da.Array)
-    out_plan = None if grid.identity else grid.plan
+    out_plan = None if grid.identity and reading is layout else grid.plan
     if lazy:
-        arrays = apply_dask(data, layout.plan, inference, out_plan, patch_weights, budget)
+        # The budget's working blocks follow the input's chunks: not yet with a halo.
+        budget = budget if reading is layout else None
+        arrays = apply_dask(data, reading.plan, inference, out_plan, patch_weights, budget)
     else:
-        arrays = apply_numpy(np.asarray(data), layout.plan, inference, out_plan, patch_weights)
+        arrays = apply_numpy(np.asarray(data), reading.plan, inference, out_plan, patch_weights)
     results = {}
     for name, (dims, declared, stored, own) in specs.items():
         out = _dress(layout, grid, arrays[name], dims, reduce, own, stored)

@@ -60,6 +60,7 @@ class LayoutOptions:
     min_valid: float | None = None
     pad_value: Any = None
     pad_mode: PadMode = "constant"
+    halo: int | Mapping[Hashable, int] | None = None
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
@@ -121,6 +122,13 @@ class Layout(Generic[T]):
         As given (``pad_mode`` checked against ``boundary`` and ``pad_value``).
     plan
         The compiled plan: anchors by chunk, groups, boxes and the chunk grid.
+    halo
+        Cells read on each side of a patch beyond its window, per patched dim
+        (zeros: none). The window (size, stride, boundary) is the kept part.
+    grown
+        With a halo, the layout patches are read through (:attr:`reading`): the
+        object padded by the halo (as ``pad_mode`` says) and the same anchors
+        with the grown size; None without one.
 
     Examples
     --------
@@ -140,6 +148,8 @@ class Layout(Generic[T]):
     pad_value: Any
     pad_mode: PadMode
     plan: Plan
+    halo: tuple[int, ...] = ()
+    grown: Layout | None = None
 
     @classmethod
     def build(
@@ -187,8 +197,11 @@ class Layout(Generic[T]):
                 "WeightedAnchors."
             )
         options.check_min_valid()
-        pad_mode = check_pad_mode(options.pad_mode, boundary, options.pad_value)
-        if boundary == "pad":
+        halo = check_halo(options.halo, geometry.dims)
+        # A halo reaches past the array's edges whatever the boundary: pad_mode fills it.
+        filled = "pad" if any(halo) else boundary
+        pad_mode = check_pad_mode(options.pad_mode, filled, options.pad_value)
+        if filled == "pad":
             for name, var in variables.items():
                 pad_value_for(options.pad_value, var.dtype, name)
         anchors = sampler.anchors(geometry)  # boundary="raise" refuses here, before any work
@@ -206,7 +219,7 @@ class Layout(Generic[T]):
             keep_order=bool(getattr(sampler, "keeps_order", False)) or not lazy,
             max_group=min(max_group_size(patch_bytes(v, size)) for v in variables.values()),
         )
-        return cls(
+        layout = cls(
             obj,
             geometry,
             options.window,
@@ -216,7 +229,14 @@ class Layout(Generic[T]):
             options.pad_value,
             pad_mode,
             plan,
+            halo,
         )
+        return replace(layout, grown=grown_layout(layout)) if any(halo) else layout
+
+    @property
+    def reading(self) -> Layout[T]:
+        """The layout patches are read through: :attr:`grown` with a halo, else this one."""
+        return self if self.grown is None else self.grown
 
     @property
     def dims(self) -> tuple[Hashable, ...]:
@@ -248,8 +268,15 @@ class Layout(Generic[T]):
 
         The sampler is the resolved one (a label or map sampler's anchors).
         """
+        halo = dict(zip(self.dims, self.halo)) if any(self.halo) else None
         given = LayoutOptions(
-            self.boundary, self.window, self.sampler, self.min_valid, self.pad_value, self.pad_mode
+            self.boundary,
+            self.window,
+            self.sampler,
+            self.min_valid,
+            self.pad_value,
+            self.pad_mode,
+            halo,
         )
         return replace(given, **changes)
 
@@ -261,10 +288,112 @@ class Layout(Generic[T]):
         size = ", ".join(f"{d}: {s}" for d, s in zip(g.dims, g.size))
         stride = ", ".join(f"{d}: {s}" for d, s in zip(g.dims, g.stride))
         mode = "" if self.pad_mode == "constant" else f" pad_mode={self.pad_mode!r}"
+        if any(self.halo):
+            mode += f" halo={dict(zip(g.dims, self.halo))!r}"
         return (
             f"({len(self)} patches) size=({size}) stride=({stride}) "
             f"boundary={g.boundary!r}{mode} window={self.window!r} sampler={self.sampler!r}"
         )
+
+
+def check_halo(halo: object, dims: tuple[Hashable, ...]) -> tuple[int, ...]:
+    """Return ``halo`` (one int, or ``{dim: int}``; None: 0) per patched dim, or raise.
+
+    Examples
+    --------
+    >>> check_halo({"x": 2}, ("y", "x")), check_halo(1, ("y", "x")), check_halo(None, ("y",))
+    ((0, 2), (1, 1), (0,))
+    """
+    if halo is None:
+        return (0,) * len(dims)
+    given = halo if isinstance(halo, Mapping) else dict.fromkeys(dims, halo)
+    unknown = [d for d in given if d not in dims]
+    bad = [v for v in given.values() if isinstance(v, bool) or not isinstance(v, int | np.integer)]
+    if unknown or bad or any(v < 0 for v in given.values() if v not in bad):
+        raise OptionError(
+            f"halo={halo!r} must be cells read on each side of a patch: one int >= 0, or "
+            f"{{dim: int}} over the patched dims {list(dims)!r}, e.g. halo={{'y': 2, 'x': 2}}."
+        )
+    return tuple(int(given.get(d, 0)) for d in dims)
+
+
+def grown_layout(layout: Layout) -> Layout:
+    """Return ``layout`` read with its halo: the object padded, the patches grown.
+
+    The object is padded by the halo on both sides of each patched dim (and past
+    the end by what patches of ``boundary="pad"`` overhang), as ``pad_mode`` says
+    (numpy.pad's meanings on each side), lazily for dask input. The anchors keep
+    their numbers: in the padded object a grown patch starts where the window
+    does in the original. Dimension labels go on past both ends at their step.
+    """
+    geometry, halo = layout.geometry, layout.halo
+    anchors = layout.plan.anchors
+    ends = anchors.max(axis=0) + np.asarray(geometry.size) if len(anchors) else geometry.size
+    widths = {
+        d: (h, h + max(0, int(end) - n))
+        for d, h, end, n in zip(geometry.dims, halo, ends, geometry.shape)
+    }
+    obj = padded_object(layout.obj, widths, layout.pad_mode, layout.pad_value)
+    size = tuple(s + 2 * h for s, h in zip(geometry.size, halo))
+    shape = tuple(obj.sizes[d] for d in geometry.dims)
+    grown = Geometry(geometry.dims, shape, size, geometry.stride, "shift")
+    grid = plan_grid(patched_variables(obj, geometry.dims), geometry.dims, shape)
+    plan = Plan(grid, size, anchors, layout.plan.order, layout.plan.groups)
+    # The halo is read, not kept: its cells weigh nothing.
+    window = np.pad(layout.blend_window.values, [(h, h) for h in halo])
+    return replace(
+        layout,
+        obj=obj,
+        geometry=grown,
+        blend_window=BlendWindow.of(window),
+        pad_mode="constant",
+        plan=plan,
+        halo=(0,) * len(halo),
+        grown=None,
+    )
+
+
+def padded_object(obj: T, widths: Mapping[Hashable, tuple[int, int]], mode: PadMode, fill) -> T:
+    """Return ``obj`` with its variables padded by ``widths`` cells, labels extended."""
+
+    def pad(var: xr.DataArray) -> xr.DataArray:
+        own = {d: w for d, w in widths.items() if d in var.dims}
+        if not own:
+            return var
+        if mode == "constant":
+            value = pad_value_for(fill, var.dtype, var.name)
+            return var.pad(own, mode="constant", constant_values=value)
+        return var.pad(own, mode=mode)
+
+    # The labels along the padded dims are extended below, not padded with NaN.
+    bare = obj.drop_vars([d for d in widths if d in obj.coords])
+    if isinstance(bare, xr.DataArray):
+        padded = pad(bare)
+    else:
+        padded = xr.Dataset({name: pad(bare[name]) for name in bare.data_vars}, attrs=bare.attrs)
+    coords = {}
+    for d, (before, after) in widths.items():
+        if d in obj.coords and obj[d].ndim == 1:
+            coords[d] = (d, padded_labels(obj[d].values, before, after), obj[d].attrs)
+    return padded.assign_coords(coords)
+
+
+def padded_labels(values: np.ndarray, before: int, after: int) -> np.ndarray:
+    """Return ``values`` with ``before`` and ``after`` labels more, at the end steps.
+
+    Examples
+    --------
+    >>> padded_labels(np.array([10.0, 20.0, 40.0]), 2, 1).tolist()
+    [-10.0, 0.0, 10.0, 20.0, 40.0, 60.0]
+    """
+    numeric = np.issubdtype(values.dtype, np.number) or np.issubdtype(values.dtype, np.datetime64)
+    if len(values) >= 2 and numeric:
+        first, last = values[1] - values[0], values[-1] - values[-2]
+        head = values[0] - first * np.arange(before, 0, -1)
+        tail = values[-1] + last * np.arange(1, after + 1)
+        return np.concatenate([head, values, tail])
+    fill = np.array([None], dtype=object)
+    return np.concatenate([np.repeat(fill, before), values.astype(object), np.repeat(fill, after)])
 
 
 def patched_dims(obj: xr.DataArray | xr.Dataset, size: Mapping[Hashable, int]) -> tuple:

@@ -330,6 +330,22 @@ def _required(layout: Layout, template: xr.Variable | None) -> list[Hashable]:
     return [d for d in layout.dims if d in template.dims]
 
 
+def without_halo(layout: Layout, pred: Any) -> Any:
+    """Return ``pred`` cropped to the inner windows where its patches have the halo's size.
+
+    Predictions of the patches ``p[i]`` and :meth:`~xpatch.Patcher.patches` give
+    (grown by the halo) lose the halo on each side; predictions of the inner
+    size (a model that crops) are returned as they are.
+    """
+    if not any(layout.halo) or not isinstance(pred, xr.DataArray | xr.Dataset):
+        return pred
+    crop = {}
+    for dim, halo, size in zip(layout.dims, layout.halo, layout.geometry.size):
+        if halo and dim in pred.dims and pred.sizes[dim] == size + 2 * halo:
+            crop[dim] = slice(halo, halo + size)
+    return pred.isel(crop) if crop else pred
+
+
 def reconstruct(
     layout: Layout,
     pred: Any,
@@ -427,6 +443,7 @@ def reconstruct(
     if weights is not None:
         reduction.check_weights_allowed()
     obj = layout.obj
+    pred = without_halo(layout, pred)
     if isinstance(pred, xr.DataArray):
         grid = output_grid(layout, inferred_scale(layout, pred.sizes) if scale is None else scale)
         template = _template(layout, pred.name)

@@ -11,6 +11,7 @@ reads the shape and dtype of what comes back. Declaring both skips the call.
 from __future__ import annotations
 
 from collections.abc import Hashable, Mapping
+from fractions import Fraction
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -45,7 +46,8 @@ def call_on_zeros(
     """
     obj = layout.obj
     carried = [obj.sizes[d] for d in obj.dims if d not in layout.dims]
-    shape = (batch_size, *carried, *(int(s) for s in layout.plan.size))
+    # The patches fn sees: grown by the halo, if any.
+    shape = (batch_size, *carried, *(int(s) for s in layout.reading.plan.size))
     batch = np.zeros(shape, dtype=obj.dtype)
     try:
         result = fn(batch)
@@ -62,13 +64,44 @@ def call_on_zeros(
     return shape, {None: np.asarray(result)}
 
 
+def output_halo(layout: Layout, out_patch: tuple[int, ...]) -> tuple[int, ...]:
+    """Return the halo in output cells (the input's times the scale), or refuse a fraction.
+
+    Examples
+    --------
+    >>> import numpy as np, xarray as xr, xpatch
+    >>> p = xr.DataArray(np.zeros((8, 8)), dims=("y", "x")).patch(y=4, x=4, halo={"x": 1})
+    >>> output_halo(p.layout, (8, 8))
+    (0, 2)
+    """
+    cells = []
+    for dim, halo, size, out in zip(layout.dims, layout.halo, layout.geometry.size, out_patch):
+        grown = Fraction(halo * out, size)
+        if grown.denominator != 1:
+            raise OptionError(
+                f"halo={{{dim!r}: {halo}}} is {grown} cells of the output, whose patches are "
+                f"{out} cells for {size} input cells: choose a halo that the scale makes whole "
+                f"(a multiple of {Fraction(size, out).numerator})."
+            )
+        cells.append(int(grown))
+    return tuple(cells)
+
+
 def returned_lead(
-    name: str | None, array: np.ndarray, batch: tuple[int, ...], out_patch: tuple[int, ...]
+    name: str | None,
+    array: np.ndarray,
+    batch: tuple[int, ...],
+    out_patch: tuple[int, ...],
+    halo: tuple[int, ...] = (),
 ) -> Returned:
-    """Return the non-patched shape and dtype of one output, checked against the batch."""
+    """Return the non-patched shape and dtype of one output, checked against the batch.
+
+    With a ``halo`` (in output cells) the patch may also be the grown one.
+    """
     n = len(out_patch)
     patch = array.shape[array.ndim - n :]
-    if array.ndim < 1 + n or array.shape[0] != batch[0] or patch != out_patch:
+    grown = tuple(s + 2 * h for s, h in zip(out_patch, halo)) if halo else out_patch
+    if array.ndim < 1 + n or array.shape[0] != batch[0] or patch not in (out_patch, grown):
         which = "" if name is None else f" for output {name!r}"
         raise PredictionError(
             f"fn returned shape {array.shape}{which} for a batch of zeros of shape {batch}; "
@@ -145,8 +178,10 @@ def declare_returns(
             )
     obj = layout.obj
     carried = {d: obj.sizes[d] for d in obj.dims if d not in layout.dims}
+    halo = output_halo(layout, out_patch)
     found = {
-        name: returned_lead(name, returned[name], batch, out_patch) for name in (names or [None])
+        name: returned_lead(name, returned[name], batch, out_patch, halo)
+        for name in (names or [None])
     }
     if _needs_dtype(dtype, names):
         for name, (_, kind) in found.items():

@@ -53,6 +53,11 @@ class Apply:
         How cells past the array's end are filled.
     window, reduce
         How the results blend (:mod:`xpatch.core.blend`).
+    halo
+        Per patched axis, the cells of ``fn``'s results on each side beyond the
+        blended patch (the patcher's halo in output cells): results of the grown
+        shape are cropped to the patch; results of the patch's shape are taken
+        as they are (a model that crops). Empty: no halo.
     """
 
     fn: BatchFunction
@@ -64,6 +69,7 @@ class Apply:
     pad_mode: PadMode = "constant"
     pad_batch: bool = False
     weight_key: str | None = None
+    halo: tuple[int, ...] = ()
 
     def call(self, batch: np.ndarray) -> dict[str | None, np.ndarray]:
         """Call ``fn`` on ``batch``: what it returns, as arrays by output name (and weights)."""
@@ -162,10 +168,15 @@ def run_batches(
             batch = np.concatenate([batch, np.repeat(batch[-1:], size - m, axis=0)])
         results = apply.call(batch)
         if key is not None:
-            weights = returned_weights(results[key], key, len(batch), patch_shape)
+            weights = returned_weights(
+                cropped(np.asarray(results[key]), patch_shape, apply.halo),
+                key,
+                len(batch),
+                patch_shape,
+            )
             weight_store[start : start + m] = weights[:m]
         for name, shape, dtype, store in outputs:
-            result = results[name]
+            result = cropped(results[name], shape, apply.halo)
             if result.shape[1:] != shape or len(result) != len(batch):
                 raise shape_error(name, result.shape, batch.shape, (len(batch), *shape))
             result = result[:m]
@@ -181,6 +192,24 @@ def run_batches(
     if key is not None:
         stores[key] = weight_store
     return stores
+
+
+def cropped(result: np.ndarray, shape: tuple[int, ...], halo: tuple[int, ...]) -> np.ndarray:
+    """Return ``result`` without its ``halo`` cells if it has the grown shape, else as it is.
+
+    Examples
+    --------
+    >>> cropped(np.arange(12).reshape(2, 6), (4,), (1,)).tolist()
+    [[1, 2, 3, 4], [7, 8, 9, 10]]
+    """
+    if not any(halo) or result.ndim != len(shape) + 1:
+        return result
+    k = len(halo)
+    patch = shape[len(shape) - k :]
+    if result.shape[result.ndim - k :] != tuple(s + 2 * h for s, h in zip(patch, halo)):
+        return result
+    inner = tuple(slice(h, h + s) for h, s in zip(halo, patch))
+    return result[(Ellipsis, *inner)]
 
 
 def shape_error(name: str | None, got: tuple, batch: tuple, expected: tuple) -> PredictionError:

@@ -1,0 +1,185 @@
+"""``halo=``: patches read grown by a halo, only their inner window kept."""
+
+from __future__ import annotations
+
+import dask
+import numpy as np
+import pytest
+import xarray as xr
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import xpatch
+from tests.conftest import forbid_compute
+
+KERNEL = np.array([[0.1, -0.3, 0.2], [0.5, 1.0, -0.4], [0.05, 0.25, -0.15]])
+
+
+def valid_conv(batch: np.ndarray) -> np.ndarray:
+    """An unpadded 3x3 correlation over the last two axes: one cell less on each side."""
+    h, w = batch.shape[-2] - 2, batch.shape[-1] - 2
+    out = np.zeros((*batch.shape[:-2], h, w))
+    for dy in range(3):
+        for dx in range(3):
+            out += KERNEL[dy, dx] * batch[..., dy : dy + h, dx : dx + w]
+    return out
+
+
+def conv_stack(batch: np.ndarray, layers: int) -> np.ndarray:
+    """``layers`` unpadded convolutions: a model that crops ``layers`` cells per side."""
+    for _ in range(layers):
+        batch = np.tanh(valid_conv(batch))
+    return batch
+
+
+def image(ny: int = 40, nx: int = 52, seed: int = 0) -> xr.DataArray:
+    values = np.random.default_rng(seed).normal(size=(2, ny, nx))
+    return xr.DataArray(
+        values,
+        dims=("band", "y", "x"),
+        coords={"y": 100.0 - 2.0 * np.arange(ny), "x": 10.0 * np.arange(nx)},
+    )
+
+
+def padded(values: np.ndarray, halo: tuple[int, int], pad_mode: str) -> np.ndarray:
+    width = [(0, 0), (halo[0], halo[0]), (halo[1], halo[1])]
+    return np.pad(values, width, mode=pad_mode)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    ny=st.integers(14, 40),
+    nx=st.integers(14, 40),
+    chunk=st.integers(5, 20),
+    size=st.integers(6, 14),
+    step=st.integers(1, 14),
+    layers=st.integers(1, 3),
+    pad_mode=st.sampled_from(["reflect", "symmetric", "edge", "wrap", "constant"]),
+    boundary=st.sampled_from(["shift", "pad"]),
+    window=st.sampled_from(["boxcar", "hann"]),
+)
+def test_a_stack_of_unpadded_convolutions_equals_the_stack_on_the_whole_image(
+    ny, nx, chunk, size, step, layers, pad_mode, boundary, window
+):
+    """The issue's case: numpy and dask, interior and edges, any chunks and stride."""
+    da = image(ny, nx)
+    stride = min(step, size)
+    options = dict(y=size, x=size, stride=stride, halo=layers, boundary=boundary, window=window)
+    if pad_mode != "constant":
+        options["pad_mode"] = pad_mode
+    else:  # numpy.pad's constant is 0; xpatch's default fill of floats is NaN
+        options["pad_value"] = 0.0
+    expected = conv_stack(padded(da.values, (layers, layers), pad_mode), layers)
+
+    def model(batch):
+        return conv_stack(batch, layers)
+
+    eager = da.patch(**options).apply(model, dtype="float64", output_dims={"band": 2})
+    lazy = da.chunk(y=chunk, x=chunk).patch(**options)
+    with forbid_compute():
+        result = lazy.apply(model, dtype="float64", output_dims={"band": 2})
+    with dask.config.set(scheduler="synchronous"):
+        computed = result.values
+    # boundary="pad" covers every cell; "shift" too (the last patch moves back).
+    np.testing.assert_allclose(eager.values, expected, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(computed, expected, rtol=1e-12, atol=1e-12)
+
+
+def test_a_model_that_keeps_the_grown_shape_is_cropped_by_xpatch():
+    da = image()
+    p = da.patch(y=16, x=16, stride=12, halo={"y": 2, "x": 3}, pad_mode="reflect")
+    seen = []
+
+    def same(batch):  # keeps the grown shape: xpatch crops the halo
+        seen.append(batch.shape[-2:])
+        return batch * 3
+
+    out = p.apply(same, dtype="float64", output_dims={"band": 2})
+    assert set(seen) == {(20, 22)}
+    np.testing.assert_allclose(out.values, da.values * 3, rtol=1e-12)
+    assert out.dims == da.dims and np.array_equal(out.x, da.x)
+
+
+def test_patches_and_items_are_grown_with_labels_past_the_edges():
+    da = image()
+    p = da.patch(y=16, x=16, stride=12, halo={"y": 2, "x": 3}, pad_mode="edge")
+    grown = padded(da.values, (2, 3), "edge")
+    first = p[0]
+    assert first.sizes == {"band": 2, "y": 20, "x": 22}
+    np.testing.assert_array_equal(first.values, grown[:, :20, :22])
+    np.testing.assert_array_equal(first.x.values, 10.0 * np.arange(-3, 19))
+    np.testing.assert_array_equal(first.y.values, 100.0 - 2.0 * np.arange(-2, 18))
+    stack = p.patches()
+    anchors = p.anchors().values
+    assert stack.sizes["patch"] == len(p) == len(anchors)
+    for i in (0, len(p) - 1):
+        y, x = anchors[i]
+        np.testing.assert_array_equal(stack[i].values, grown[:, y : y + 20, x : x + 22])
+    lazy = da.chunk(y=9, x=11).patch(y=16, x=16, stride=12, halo={"y": 2, "x": 3}, pad_mode="edge")
+    with forbid_compute():
+        lazy_stack = lazy.patches()
+    np.testing.assert_array_equal(lazy_stack.values, stack.values)
+    src = lazy.to_grain()
+    item = src[len(src) - 1]
+    y, x = item["anchor"].tolist()
+    np.testing.assert_array_equal(item["data"], grown[:, y : y + 20, x : x + 22])
+    # The halo is read, not kept: its cells weigh nothing.
+    assert item["weights"][:2].sum() == 0 and item["weights"][:, :3].sum() == 0
+    assert item["weights"][2:18, 3:19].min() > 0
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_reconstruct_takes_grown_or_inner_predictions(chunked):
+    da = image()
+    da = da.chunk(y=13, x=17) if chunked else da
+    p = da.patch(y=16, x=16, stride=12, halo=2, pad_mode="reflect", window="hann")
+    stack = p.patches()
+    np.testing.assert_allclose(p.reconstruct(stack).values, image().values, rtol=1e-12)
+    inner = stack.isel(y=slice(2, 18), x=slice(2, 18))
+    np.testing.assert_allclose(p.reconstruct(inner * 2).values, 2 * image().values, rtol=1e-12)
+
+
+def test_a_halo_with_a_scale_crops_the_scaled_halo():
+    da = image(24, 24)
+    p = da.patch(y=8, x=8, stride=8, halo=1, pad_mode="edge")
+
+    def up(batch):  # twice the resolution, the grown patch kept: 2 halo cells per side
+        return np.repeat(np.repeat(batch, 2, axis=-1), 2, axis=-2)
+
+    out = p.apply(up, scale=2, dtype="float64", output_dims={"band": 2})
+    expected = np.repeat(np.repeat(da.values, 2, axis=-1), 2, axis=-2)
+    np.testing.assert_allclose(out.values, expected, rtol=1e-12)
+
+
+@pytest.mark.parametrize("halo", [-1, "2", 1.5, {"t": 1}, {"x": True}])
+def test_a_bad_halo_is_refused_naming_it(halo):
+    with pytest.raises(xpatch.OptionError, match="halo="):
+        image().patch(y=8, x=8, halo=halo)
+
+
+def test_pad_mode_goes_with_a_halo_whatever_the_boundary_and_is_shown():
+    p = image().patch(y=8, x=8, halo={"x": 2}, pad_mode="reflect")
+    assert "halo={'y': 0, 'x': 2}" in repr(p.layout)
+    assert p.layout.options().halo == {"y": 0, "x": 2}
+    with pytest.raises(xpatch.OptionError, match="boundary='pad'"):
+        image().patch(y=8, x=8, pad_mode="reflect")  # no halo: nothing to fill
+
+
+def test_datasets_scenes_and_trees_read_the_halo_too():
+    da = image(24, 28)
+    ds = xr.Dataset({"v": da, "w": da.isel(band=0) + 1, "static": ("band", [1.0, 2.0])})
+    p = ds.patch(y=8, x=8, halo={"x": 1}, pad_mode="reflect")
+    first = p[0]
+    assert first.sizes == {"band": 2, "y": 8, "x": 10}
+    np.testing.assert_array_equal(
+        first["w"].values, padded(da.values + 1, (0, 1), "reflect")[0, :8, :10]
+    )
+    np.testing.assert_array_equal(first["static"].values, [1.0, 2.0])
+    scenes = xpatch.patch_scenes([da, da * 2], y=8, x=8, stride=6, halo=2, pad_mode="edge")
+    out = scenes.apply(lambda b: conv_stack(b, 2), dtype="float64", output_dims={"band": 2})
+    for name, factor in (("0", 1), ("1", 2)):
+        expected = conv_stack(padded(da.values * factor, (2, 2), "edge"), 2)
+        np.testing.assert_allclose(out[name].values, expected, rtol=1e-12)
+    tree = xr.DataTree.from_dict({"/a": da.to_dataset(name="v")})
+    grown = tree.patch(y=8, x=8, stride=6, halo=2, pad_mode="edge").to_grain()[0]["/a"]["v"]
+    np.testing.assert_array_equal(grown, padded(da.values, (2, 2), "edge")[:, :12, :12])
