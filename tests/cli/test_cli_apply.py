@@ -32,6 +32,13 @@ MODEL = textwrap.dedent(
                 out += padded[..., dy : dy + batch.shape[-2], dx : dx + batch.shape[-1]]
         return out / 9
 
+    def valid_box(batch):
+        # an unpadded 3x3 box mean: one cell less on each side (a model that crops)
+        h, w = batch.shape[-2] - 2, batch.shape[-1] - 2
+        return sum(
+            batch[..., dy : dy + h, dx : dx + w] for dy in range(3) for dx in range(3)
+        ) / 9
+
     def five_class(batch):
         # (b, 2, y, x) -> (b, 5, y, x) class scores, differing from patch to patch
         k = np.arange(5, dtype=batch.dtype)[None, :, None, None]
@@ -356,3 +363,17 @@ def test_task_memory_works_large_chunks_in_smaller_blocks_and_a_bad_one_names_th
     assert main([*argv[:2], target, *argv[2:], *options, "--task-memory", "lots"]) == 2
     err = capsys.readouterr().err
     assert "--task-memory lots is not a memory size" in err and "task_memory=" not in err
+
+
+def test_halo_feeds_a_model_that_crops_and_equals_the_whole_image(tmp_path, model_file, raster):
+    source = tmp_path / "in.zarr"
+    raster.to_dataset().to_zarr(source)
+    target = tmp_path / "out.zarr"
+    argv = ["apply", str(source), str(target), "--fn", f"{model_file}:valid_box"]
+    options = ["--size", "32", "--stride", "24", "--chunks", "40", "--no-progress"]
+    assert main([*argv, *options, "--halo", "1", "--pad-mode", "edge"]) == 0
+    written = xr.open_zarr(target)["reflectance"].values
+    grown = np.pad(raster.values, [(0, 0), (1, 1), (1, 1)], mode="edge")
+    h, w = raster.shape[1:]
+    expected = sum(grown[:, dy : dy + h, dx : dx + w] for dy in range(3) for dx in range(3)) / 9
+    np.testing.assert_allclose(written, expected, rtol=1e-5)

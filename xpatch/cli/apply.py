@@ -87,6 +87,15 @@ def add_apply_command(commands: argparse._SubParsersAction) -> argparse.Argument
         "overlap by a quarter and the window blends their seams away)",
     )
     apply.add_argument(
+        "--halo",
+        type=per_dim_extent,
+        default=None,
+        help="cells FN reads on each side of a patch beyond it, for a model that crops "
+        "(an unpadded U-Net): one for every patched dim (2), or per dim 'y=2,x=2'; FN gets "
+        "patches grown by twice it, filled past the edges as --pad-mode says, and returns "
+        "the grown or the inner shape; only the inner patch is blended (default: none)",
+    )
+    apply.add_argument(
         "--window",
         default="hann",
         help="blending window: boxcar, hann, triangular, tukey or a scipy window name",
@@ -411,7 +420,12 @@ def open_patched_input(
 
 def patch_options(args: argparse.Namespace) -> dict:
     """Return the patch layout's options of ``xpatch apply`` (size and stride aside)."""
-    return {"window": args.window, "boundary": args.boundary, "pad_mode": args.pad_mode}
+    return {
+        "window": args.window,
+        "boundary": args.boundary,
+        "pad_mode": args.pad_mode,
+        "halo": getattr(args, "halo", None),
+    }
 
 
 def apply_options(args: argparse.Namespace) -> dict:

@@ -94,6 +94,7 @@ _FLAGS = (
     (r"\bdtype=", "--dtype "),
     (r"\bbatch_size=", "--batch-size "),
     (r"\btask_memory=", "--task-memory "),
+    (r"\bhalo=", "--halo "),
     (r"\bpad_mode=", "--pad-mode "),
     (r"\bboundary=", "--boundary "),
     (r"\bwindow=", "--window "),
