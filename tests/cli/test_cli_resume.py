@@ -329,3 +329,18 @@ def test_another_task_memory_that_changes_the_blocks_is_refused_not_mixed(
     assert done_markers(target) == done
     assert run(argv) == 0
     np.testing.assert_allclose(xr.open_zarr(target)["out"].values, scene[1] * 2, rtol=1e-6)
+
+
+def test_another_halo_is_refused_as_another_computation(
+    scene, model_file, tmp_path, monkeypatch, capsys
+):
+    target = tmp_path / "out.zarr"
+    argv = [*base_argv(scene, model_file, target), "--halo", "2", "--pad-mode", "edge"]
+    crash(argv, monkeypatch)
+    done = done_markers(target)
+    assert done
+    capsys.readouterr()
+    assert run(change_option(argv, "--halo", "3")) == 2
+    err = capsys.readouterr().err
+    assert "another computation" in err and "halo" in err, err
+    assert done_markers(target) == done

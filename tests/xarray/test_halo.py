@@ -183,3 +183,56 @@ def test_datasets_scenes_and_trees_read_the_halo_too():
     tree = xr.DataTree.from_dict({"/a": da.to_dataset(name="v")})
     grown = tree.patch(y=8, x=8, stride=6, halo=2, pad_mode="edge").to_grain()[0]["/a"]["v"]
     np.testing.assert_array_equal(grown, padded(da.values, (2, 2), "edge")[:, :12, :12])
+
+
+@pytest.mark.parametrize("pad_mode", ["reflect", "symmetric", "wrap", "edge"])
+def test_a_halo_wider_than_the_array_pads_dask_input_as_numpy_does(pad_mode):
+    """dask.array.pad gets such widths wrong; the halo gathers numpy.pad's cells instead."""
+    da = image(10, 12)
+    options = dict(y=8, x=8, stride=6, halo=4, boundary="pad", pad_mode=pad_mode)
+    eager = da.patch(**options).patches().values
+    lazy = da.chunk(y=5, x=5).patch(**options).patches().values
+    np.testing.assert_array_equal(lazy, eager)
+    expected = padded(da.values, (4, 4), pad_mode)
+    if pad_mode != "wrap":  # numpy pads the end of boundary="pad" past the halo alike
+        np.testing.assert_array_equal(eager[0], expected[:, :16, :16])
+
+
+def test_a_file_opened_without_dask_is_not_loaded_by_a_halo(tmp_path):
+    da = image(32, 32)
+    da.to_dataset(name="v").to_zarr(tmp_path / "s.zarr", consolidated=False)
+    lazy = xr.open_zarr(tmp_path / "s.zarr", consolidated=False, chunks=None)["v"]
+    p = lazy.patch(y=8, x=8, halo=2, pad_mode="reflect")
+    assert not lazy.variable._in_memory  # the caller's object was not read
+    np.testing.assert_array_equal(p[0].values, padded(da.values, (2, 2), "reflect")[:, :12, :12])
+
+
+def test_grain_weights_are_zero_past_the_arrays_edge_with_a_halo():
+    da = image(20, 20)
+    src = da.patch(y=16, x=16, stride=12, boundary="pad", halo=1, pad_mode="edge").to_grain()
+    for i in range(len(src)):
+        item = src[i]
+        y, x = item["anchor"].tolist()
+        rows = np.arange(y - 1, y + 17)[:, None]
+        cols = np.arange(x - 1, x + 17)[None, :]
+        outside = (rows < 0) | (rows >= 20) | (cols < 0) | (cols >= 20)
+        assert (item["weights"][outside] == 0).all()
+        assert (item["weights"][~outside][1:-1] >= 0).all()
+
+
+def test_a_raster_placed_by_its_geotransform_alone_moves_with_the_halo():
+    da = xr.DataArray(np.zeros((16, 16)), dims=("y", "x"))
+    da = da.assign_coords(spatial_ref=xr.Variable((), 0, {"GeoTransform": "100 10 0 500 0 -10"}))
+    da.attrs["grid_mapping"] = "spatial_ref"
+    first = da.patch(y=8, x=8, halo=2, pad_mode="edge")[0]
+    assert first.spatial_ref.attrs["GeoTransform"].split()[:4] == ["80.0", "10.0", "0.0", "520.0"]
+
+
+def test_reconstruct_crops_grown_predictions_at_a_scale():
+    da = image(24, 24)
+    p = da.patch(y=8, x=8, stride=8, halo=1, pad_mode="edge")
+    grown = p.patches()
+    up = xr.DataArray(np.repeat(np.repeat(grown.values, 2, axis=-1), 2, axis=-2), dims=grown.dims)
+    assert up.sizes["y"] == 20  # (8 + 2 x 1) x 2
+    out = p.reconstruct(up, scale=2)
+    np.testing.assert_allclose(out.values, np.repeat(np.repeat(da.values, 2, -1), 2, -2))

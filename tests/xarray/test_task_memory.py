@@ -72,7 +72,7 @@ def test_the_dask_config_sets_the_default_budget_and_the_argument_wins():
     assert given_budget.chunks[1:] == ((128, 128), (128, 128))
 
 
-@pytest.mark.parametrize("bad", ["lots", -1, 0, 1.5, True, [1]])
+@pytest.mark.parametrize("bad", ["lots", -1, 0, 1.5, True, [1], float("inf"), float("nan")])
 def test_a_budget_that_is_not_a_size_is_refused_naming_it(bad):
     p = bands().patch(y=32, x=32)
     with pytest.raises(xpatch.OptionError, match=r"task_memory=.*'256MiB'"):
@@ -177,3 +177,19 @@ def test_scenes_and_trees_pass_the_budget_on():
     tree = xr.DataTree.from_dict({"/a": image.to_dataset()})
     applied = tree.patch(y=32, x=32, stride=24).apply(double, task_memory="256KiB")
     assert len(applied["/a"]["v"].chunks[1]) > 2
+
+
+def test_working_blocks_at_a_scale_below_one_stay_regular_chunks_for_zarr(tmp_path):
+    """Blocks are multiples of the scale's denominator: scaled, they are whole and regular."""
+    p = bands(200, 200).patch(y=20, x=20, stride=20)
+
+    def quarter(batch):
+        return batch[..., ::4, ::4]
+
+    out = p.apply(quarter, scale=0.25, task_memory=60_000, dtype="float32")
+    assert len(out.chunks[1]) > 2
+    assert len(set(out.chunks[1][:-1])) == 1 and out.chunks[1][-1] <= out.chunks[1][0]
+    assert xpatch.write(out, tmp_path / "q.zarr", progress=False) > 0
+    values = bands(200, 200).values[..., ::4, ::4]
+    stored = xr.open_zarr(tmp_path / "q.zarr")
+    np.testing.assert_allclose(stored[next(iter(stored.data_vars))].values, values)

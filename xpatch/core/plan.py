@@ -120,25 +120,29 @@ class ChunkGrid:
         """Number of chunks."""
         return int(np.prod(self.numblocks, dtype=np.int64))
 
-    def split(self, parts: Sequence[int]) -> ChunkGrid:
+    def split(self, parts: Sequence[int], multiples: Sequence[int] | None = None) -> ChunkGrid:
         """Return the grid in blocks ``parts[axis]`` times shorter than its longest chunk.
 
         Along an axis with ``parts`` > 1 the blocks are all ``ceil(longest / parts)``
-        long but the last, as zarr requires of the chunks of an output, and line up
-        with the chunks wherever ``parts`` divides them; other axes keep their
-        chunks.
+        long (rounded up to a multiple of ``multiples[axis]``) but the last, as zarr
+        requires of the chunks of an output, and line up with the chunks wherever
+        ``parts`` divides them; other axes keep their chunks.
 
         Examples
         --------
         >>> ChunkGrid.from_chunks([(8, 8, 3), (6,)]).split([2, 1]).chunks
         ((4, 4, 4, 4, 3), (6,))
+        >>> ChunkGrid.from_chunks([(10, 10)]).split([4], [4]).chunks
+        ((4, 4, 4, 4, 4),)
         """
         chunks = []
-        for sizes, n in zip(self.chunks, parts):
+        multiples = multiples or [1] * len(parts)
+        for sizes, n, m in zip(self.chunks, parts, multiples):
             if n == 1:
                 chunks.append(sizes)
                 continue
             block = -(-max(sizes) // int(n))
+            block = -(-block // int(m)) * int(m)
             total = sum(sizes)
             chunks.append((block,) * (total // block) + ((total % block,) if total % block else ()))
         return ChunkGrid.from_chunks(chunks)

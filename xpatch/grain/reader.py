@@ -167,6 +167,9 @@ class PatchReader:
         return state
 
     def __setstate__(self, state: dict) -> None:
+        # Readers pickled before the in-order reads lack their (per-process) state.
+        state = {"_last_position": -2, "_streak": 0, "_in_order": False, **state}
+        state["_last_uses"] = state.get("_last_uses")
         self.__dict__.update(state)
         self.cache = ChunkCache(self.cache_bytes, self.frame_of if self.frames else None)
 
@@ -381,6 +384,9 @@ class PatchReader:
                     values = values[tuple(index)]
                 piece[plan.name] = values
             pieces.append(piece)
+        # The pieces are views of one read: its memory goes with the last of them, so
+        # while a run's pieces leave the cache at different times it holds up to
+        # RUN_CHUNKS - 1 chunks more than it counts (read in index order, they go together).
         for b, piece in zip(run[1:], pieces[1:]):
             self.cache.offer(self._key(b), piece)
         return pieces[0]

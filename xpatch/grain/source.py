@@ -118,7 +118,8 @@ class PatchSource(Source):
             if not isinstance(flag, bool | np.bool_):
                 raise OptionError(f"{name}={flag!r} must be True or False.")
         # With a halo the items are the grown patches: the layout they are read through.
-        layout = layout_of(patcher).reading
+        inner = layout_of(patcher)
+        layout = inner.reading
         obj = layout.obj
         dims = layout.dims
         usable = layout.variables
@@ -168,7 +169,8 @@ class PatchSource(Source):
             layout.plan.grid if lazy else None,
             anchors,
             size,
-            layout.geometry.shape,
+            # Where the array ends in the grown patches' frame: weights are 0 past it.
+            tuple(n + h for n, h in zip(inner.geometry.shape, inner.halo or (0,) * len(size))),
             layout.pad_mode,
             layout.blend_window.values.astype(np.float32),
             int(cache_bytes),

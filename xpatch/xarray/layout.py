@@ -24,6 +24,7 @@ from xpatch.core.padding import PadMode, check_pad_mode
 from xpatch.core.plan import Plan, max_group_size
 from xpatch.core.samplers import AtLabels, RegularGrid, Sampler, index_positions
 from xpatch.core.windows import BlendWindow, WindowSpec, make_window
+from xpatch.xarray.georef import raster_dims, transform_of, with_transform
 from xpatch.xarray.samplers import ObjectSampler
 from xpatch.xarray.variables import (
     is_dask_backed,
@@ -354,16 +355,27 @@ def grown_layout(layout: Layout) -> Layout:
 
 
 def padded_object(obj: T, widths: Mapping[Hashable, tuple[int, int]], mode: PadMode, fill) -> T:
-    """Return ``obj`` with its variables padded by ``widths`` cells, labels extended."""
+    """Return ``obj`` with its variables padded by ``widths`` cells, labels extended.
+
+    Repeating modes gather the cells that ``numpy.pad`` would repeat (``isel`` with
+    the index numpy pads its ``arange`` into: lazy for dask and for files, and right
+    for widths past the extent, where ``dask.array.pad`` is not); ``"constant"``
+    pads with the fill. A file opened without dask is read by dask's chunks, never
+    whole. A raster's transform moves with its first cell.
+    """
 
     def pad(var: xr.DataArray) -> xr.DataArray:
         own = {d: w for d, w in widths.items() if d in var.dims}
         if not own:
             return var
+        # Lazily indexed (a file opened without chunks): pad through dask, else it loads.
+        if not is_dask_backed(var) and not var.variable._in_memory:
+            var = var.chunk("auto")
         if mode == "constant":
             value = pad_value_for(fill, var.dtype, var.name)
             return var.pad(own, mode="constant", constant_values=value)
-        return var.pad(own, mode=mode)
+        index = {d: np.pad(np.arange(var.sizes[d]), w, mode=mode) for d, w in own.items()}
+        return var.isel(index)
 
     # The labels along the padded dims are extended below, not padded with NaN.
     bare = obj.drop_vars([d for d in widths if d in obj.coords])
@@ -371,11 +383,22 @@ def padded_object(obj: T, widths: Mapping[Hashable, tuple[int, int]], mode: PadM
         padded = pad(bare)
     else:
         padded = xr.Dataset({name: pad(bare[name]) for name in bare.data_vars}, attrs=bare.attrs)
+        for name in bare.coords:  # those no data variable carries
+            if name not in padded.coords:
+                padded = padded.assign_coords({name: pad(bare[name].reset_coords(drop=True))})
     coords = {}
     for d, (before, after) in widths.items():
         if d in obj.coords and obj[d].ndim == 1:
             coords[d] = (d, padded_labels(obj[d].values, before, after), obj[d].attrs)
-    return padded.assign_coords(coords)
+    padded = padded.assign_coords(coords)
+    transform, raster = transform_of(obj), raster_dims(obj)
+    if transform is not None and raster is not None:
+        rows, cols = (widths.get(d, (0, 0))[0] for d in raster)
+        a, b, c, d_, e, f = transform
+        padded = with_transform(
+            padded, (a, b, c - a * cols - b * rows, d_, e, f - d_ * cols - e * rows)
+        )
+    return padded
 
 
 def padded_labels(values: np.ndarray, before: int, after: int) -> np.ndarray:

@@ -172,6 +172,8 @@ def layout_facts(layout: Layout) -> dict[str, Any]:
         "boundary": layout.boundary,
         "sampler": repr(layout.sampler),
         "pad_value": layout.pad_value,
+        # Only with one: the facts of layouts without a halo stay those of older records.
+        **({"halo": dict(zip(layout.dims, layout.halo))} if any(layout.halo) else {}),
     }
 
 

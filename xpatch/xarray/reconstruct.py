@@ -39,6 +39,7 @@ from xpatch.xarray.encoding import (
 from xpatch.xarray.georef import grid_mapping_name
 from xpatch.xarray.layout import Layout
 from xpatch.xarray.provenance import layout_facts, note_result
+from xpatch.xarray.returns import output_halo
 from xpatch.xarray.scaled import OutputGrid, grid_coords, inferred_scale, output_grid, resampler
 from xpatch.xarray.variables import data_token, is_dask_backed
 from xpatch.xarray.views import PATCH_DIM
@@ -330,19 +331,25 @@ def _required(layout: Layout, template: xr.Variable | None) -> list[Hashable]:
     return [d for d in layout.dims if d in template.dims]
 
 
-def without_halo(layout: Layout, pred: Any) -> Any:
+def without_halo(layout: Layout, pred: Any, scale: ScaleSpec | None = None) -> Any:
     """Return ``pred`` cropped to the inner windows where its patches have the halo's size.
 
     Predictions of the patches ``p[i]`` and :meth:`~xpatch.Patcher.patches` give
-    (grown by the halo) lose the halo on each side; predictions of the inner
-    size (a model that crops) are returned as they are.
+    (grown by the halo; at ``scale``, by the halo times the scale) lose the halo
+    on each side; predictions of the inner size (a model that crops) are
+    returned as they are.
     """
     if not any(layout.halo) or not isinstance(pred, xr.DataArray | xr.Dataset):
         return pred
+    size = layout.geometry.size
+    halo = layout.halo
+    if scale is not None:
+        size = tuple(output_grid(layout, scale).plan.size)
+        halo = output_halo(layout, size)
     crop = {}
-    for dim, halo, size in zip(layout.dims, layout.halo, layout.geometry.size):
-        if halo and dim in pred.dims and pred.sizes[dim] == size + 2 * halo:
-            crop[dim] = slice(halo, halo + size)
+    for dim, cells, inner in zip(layout.dims, halo, size):
+        if cells and dim in pred.dims and pred.sizes[dim] == inner + 2 * cells:
+            crop[dim] = slice(cells, cells + inner)
     return pred.isel(crop) if crop else pred
 
 
@@ -443,7 +450,7 @@ def reconstruct(
     if weights is not None:
         reduction.check_weights_allowed()
     obj = layout.obj
-    pred = without_halo(layout, pred)
+    pred = without_halo(layout, pred, scale)
     if isinstance(pred, xr.DataArray):
         grid = output_grid(layout, inferred_scale(layout, pred.sizes) if scale is None else scale)
         template = _template(layout, pred.name)

@@ -293,7 +293,7 @@ def apply_dask(
     name, token = _graph_name(array, plan, apply, out_plan, weights)
     out_plan = plan if out_plan is None else out_plan
     # Working blocks smaller than the chunks: each group cuts its own part of a chunk.
-    own_cuts = plan.grid.numblocks != tuple(len(array.chunks[ax]) for ax in axes)
+    own_cuts = plan.grid.chunks != tuple(array.chunks[ax] for ax in axes)
     # fn and the window enter the graph once, under keys of their own; each task carries
     # the rest of what they share (a few small values).
     fn_key, window_key = (f"xpatch-fn-{token}",), (f"xpatch-window-{token}",)

@@ -77,7 +77,7 @@ def task_memory(value: int | str | None) -> int:
         nbytes = parse_bytes(value) if isinstance(value, str) else int(value)
         if nbytes != value and not isinstance(value, str):
             raise ValueError  # 1.5 bytes, not a whole number
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         nbytes = 0
     if nbytes < 1:
         raise OptionError(
@@ -134,19 +134,18 @@ def task_bytes(
     )
 
 
-def refine(plan: Plan, parts: Sequence[int]) -> Plan:
+def refine(plan: Plan, parts: Sequence[int], multiples: Sequence[int] | None = None) -> Plan:
     """Return ``plan`` over its grid's chunks cut into ``parts``: the same patches, smaller groups.
 
     The user's order is the plan's (``keep_order``), so per-patch weights and
     indices still match; a group never holds more patches than the largest of
-    ``plan``'s did.
+    ``plan``'s did. Blocks are multiples of ``multiples`` (:meth:`ChunkGrid.split`).
     """
     if all(p == 1 for p in parts):
         return plan
     largest = max((stop - start for start, stop in plan.groups), default=1)
-    return Plan.compile(
-        plan.anchors, plan.grid.split(parts), plan.size, keep_order=True, max_group=largest
-    )
+    grid = plan.grid.split(parts, multiples)
+    return Plan.compile(plan.anchors, grid, plan.size, keep_order=True, max_group=largest)
 
 
 def working_plans(
@@ -176,6 +175,7 @@ def working_plans(
             break
         axis = max(splittable, key=lambda j: extents[j])
         parts[axis] *= 2
-        fine = refine(plan, parts)
+        # Blocks the output's scale makes whole: its chunks stay regular, as zarr needs.
+        fine = refine(plan, parts, [f.denominator for f in factors])
         plans = (fine, scale_plan(fine, factors))
     return plans
