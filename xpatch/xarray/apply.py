@@ -253,7 +253,8 @@ def apply(
         working blocks (the output's blocks, then), halving the longest side
         until it fits or blocks are a patch long. A write's peak memory is then
         about the threads times it, plus the imports: see "How much memory a
-        write takes" in ``docs/scale.md``. Values do not depend on it.
+        write takes" in ``docs/scale.md``. Values do not depend on it. Not yet with
+        a ``halo``: its tasks are the input's chunks.
 
     Returns
     -------
