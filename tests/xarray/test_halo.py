@@ -236,3 +236,23 @@ def test_reconstruct_crops_grown_predictions_at_a_scale():
     assert up.sizes["y"] == 20  # (8 + 2 x 1) x 2
     out = p.reconstruct(up, scale=2)
     np.testing.assert_allclose(out.values, np.repeat(np.repeat(da.values, 2, -1), 2, -2))
+
+
+def test_the_memory_budget_splits_the_chunks_of_a_halo_apply_and_keeps_its_values(tmp_path):
+    da = image(96, 96).chunk(y=48, x=48)
+    options = dict(y=16, x=16, stride=12, halo=1, pad_mode="reflect")
+    p = da.patch(**options)
+
+    def model(batch):
+        return conv_stack(batch, 1)
+
+    whole = p.apply(model, dtype="float64", output_dims={"band": 2}, task_memory="1GiB")
+    with forbid_compute():
+        small = p.apply(model, dtype="float64", output_dims={"band": 2}, task_memory="64KiB")
+    assert whole.chunks[1:] == ((48, 48), (48, 48))
+    assert max(small.chunks[1]) < 48 and max(small.chunks[2]) < 48
+    expected = conv_stack(padded(image(96, 96).values, (1, 1), "reflect"), 1)
+    assert xpatch.write(small, tmp_path / "small.zarr", progress=False) > 4
+    stored = xr.open_zarr(tmp_path / "small.zarr")
+    np.testing.assert_allclose(stored[next(iter(stored.data_vars))].values, expected, rtol=1e-12)
+    np.testing.assert_allclose(whole.values, expected, rtol=1e-12)

@@ -253,8 +253,7 @@ def apply(
         working blocks (the output's blocks, then), halving the longest side
         until it fits or blocks are a patch long. A write's peak memory is then
         about the threads times it, plus the imports: see "How much memory a
-        write takes" in ``docs/scale.md``. Values do not depend on it. Not yet with
-        a ``halo``: its tasks are the input's chunks.
+        write takes" in ``docs/scale.md``. Values do not depend on it.
 
     Returns
     -------
@@ -373,9 +372,8 @@ def apply(
     lazy = isinstance(data, da.Array)
     out_plan = None if grid.identity and reading is layout else grid.plan
     if lazy:
-        # The budget's working blocks follow the input's chunks: not yet with a halo.
-        budget = budget if reading is layout else None
-        arrays = apply_dask(data, reading.plan, inference, out_plan, patch_weights, budget)
+        inner = None if reading is layout else layout.plan  # the budget splits its grid
+        arrays = apply_dask(data, reading.plan, inference, out_plan, patch_weights, budget, inner)
     else:
         arrays = apply_numpy(np.asarray(data), reading.plan, inference, out_plan, patch_weights)
     results = {}

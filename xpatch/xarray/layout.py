@@ -374,8 +374,14 @@ def padded_object(obj: T, widths: Mapping[Hashable, tuple[int, int]], mode: PadM
         if mode == "constant":
             value = pad_value_for(fill, var.dtype, var.name)
             return var.pad(own, mode="constant", constant_values=value)
-        index = {d: np.pad(np.arange(var.sizes[d]), w, mode=mode) for d, w in own.items()}
-        return var.isel(index)
+        for d, (before, after) in own.items():
+            # Only the new cells are gathered, beside the array as it is: its chunks
+            # stay the input's, and an edge's cells come from the chunk at that edge.
+            n = var.sizes[d]
+            index = np.pad(np.arange(n), (before, after), mode=mode)
+            parts = [var.isel({d: index[:before]}), var, var.isel({d: index[before + n :]})]
+            var = xr.concat([part for part in parts if part.sizes[d]], dim=d)
+        return var
 
     # The labels along the padded dims are extended below, not padded with NaN.
     bare = obj.drop_vars([d for d in widths if d in obj.coords])

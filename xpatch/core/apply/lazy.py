@@ -254,6 +254,7 @@ def apply_dask(
     out_plan: Plan | None = None,
     weights: np.ndarray | None = None,
     budget: int | None = None,
+    inner: Plan | None = None,
 ) -> dict[str | None, da.Array]:
     """Sliding-window inference as one lazy graph: patches, ``fn``, overlap-add.
 
@@ -272,7 +273,10 @@ def apply_dask(
     input's chunks are cut into working blocks small enough that the largest
     task's estimate fits (:func:`~xpatch.core.apply.memory.working_plans`); the
     output's blocks are then those, and each group cuts its part of a chunk in a
-    task of its own, so that the chunk is freed once the parts are cut.
+    task of its own, so that the chunk is freed once the parts are cut. With a
+    halo, ``array`` is the input padded by it, ``plan`` reads the grown patches
+    from it and ``inner`` is the plan of the inner windows on the input's grid
+    (the one the budget splits).
 
     Returns
     -------
@@ -287,7 +291,7 @@ def apply_dask(
     accs = result_dtypes(apply, plan if out_plan is None else out_plan, weights)
     if budget is not None:
         plan, scaled = working_plans(
-            array.shape, array.dtype.itemsize, plan, apply, out_plan or plan, accs, budget
+            array.shape, array.dtype.itemsize, plan, apply, out_plan or plan, accs, budget, inner
         )
         out_plan = None if out_plan is None else scaled
     name, token = _graph_name(array, plan, apply, out_plan, weights)

@@ -26,7 +26,7 @@ from dask.utils import parse_bytes
 
 from xpatch.core.apply.batches import Apply
 from xpatch.core.errors import OptionError
-from xpatch.core.plan import Plan
+from xpatch.core.plan import ChunkGrid, Plan
 from xpatch.core.scale import scale_plan
 
 #: The dask config key of the default budget (``dask.config.set({CONFIG_KEY: "1GiB"})``,
@@ -156,26 +156,55 @@ def working_plans(
     out_plan: Plan,
     accs: Mapping[str | None, np.dtype],
     budget: int,
+    inner: Plan | None = None,
 ) -> tuple[Plan, Plan]:
-    """Return the plans (input and output grid) whose largest task fits ``budget`` bytes.
+    """Return the plans (read and output grid) whose largest task fits ``budget`` bytes.
 
     Halves the working blocks along the axis where they are longest, while the
     largest task's :func:`task_bytes` pass ``budget`` and a block stays at least
     a patch long (smaller blocks would only add overhang). When nothing can be
     split further the smallest blocks are kept: the budget is a target, not a
-    refusal.
+    refusal. With a halo, ``plan`` reads the grown patches from the padded array
+    and ``inner`` holds the inner windows on the input's own grid: the blocks
+    split ``inner``'s grid, and the read plan follows them (:func:`grown_plan`).
     """
-    factors = [Fraction(o, i) for o, i in zip(out_plan.size, plan.size)]
-    parts = [1] * plan.ndim
+    base = plan if inner is None else inner
+    factors = [Fraction(o, i) for o, i in zip(out_plan.size, base.size)]
+    parts = [1] * base.ndim
     plans = (plan, out_plan)
     while task_bytes(array_shape, itemsize, plans[0], apply, plans[1], accs).total > budget:
-        extents = [max(chunks) / n for chunks, n in zip(plan.grid.chunks, parts)]
-        splittable = [j for j, e in enumerate(extents) if e / 2 >= plan.size[j]]
+        extents = [max(chunks) / n for chunks, n in zip(base.grid.chunks, parts)]
+        splittable = [j for j, e in enumerate(extents) if e / 2 >= base.size[j]]
         if not splittable:
             break
         axis = max(splittable, key=lambda j: extents[j])
         parts[axis] *= 2
         # Blocks the output's scale makes whole: its chunks stay regular, as zarr needs.
-        fine = refine(plan, parts, [f.denominator for f in factors])
-        plans = (fine, scale_plan(fine, factors))
+        fine = refine(base, parts, [f.denominator for f in factors])
+        plans = (fine if inner is None else grown_plan(fine, plan), scale_plan(fine, factors))
     return plans
+
+
+def grown_plan(fine: Plan, grown: Plan) -> Plan:
+    """Return ``grown`` (patches grown by a halo, on the padded array) grouped as ``fine``.
+
+    ``fine`` holds the same anchors with the inner size on the input's grid; its
+    blocks, moved by the halo into the padded array, are the read plan's grid, so
+    that each group cuts its own part of a chunk.
+
+    Examples
+    --------
+    >>> from xpatch.core.plan import ChunkGrid
+    >>> inner = Plan.compile(np.array([[0], [4]]), ChunkGrid.from_chunks([(4, 4)]), [4],
+    ...                      keep_order=True)
+    >>> padded = Plan.compile(np.array([[0], [4]]), ChunkGrid.from_chunks([(12,)]), [6],
+    ...                       keep_order=True)
+    >>> grown_plan(inner, padded).grid.chunks, grown_plan(inner, padded).groups
+    (((5, 7),), ((0, 1), (1, 2)))
+    """
+    starts = []
+    for j, axis in enumerate(fine.grid.starts):
+        halo = (grown.size[j] - fine.size[j]) // 2
+        inside = [s + halo for s in axis[1:-1]]
+        starts.append((0, *inside, grown.grid.shape[j]))
+    return Plan(ChunkGrid(tuple(starts)), grown.size, fine.anchors, fine.order, fine.groups)
