@@ -70,6 +70,8 @@ LARGE_QUICK = Sizes((), 0, 0, 0, (4096,), 2048, 512, 384, 64, 1)
 TARGET_BUDGETED = 450 * MiB
 #: The budget that leaves 2048² chunks whole: how writes ran before there was one.
 UNBUDGETED = "4GiB"
+#: Figure 5 also writes with a halo (reflect padding) of this many cells.
+HALO = 8
 
 
 # -- helpers ----------------------------------------------------------------------------
@@ -431,7 +433,8 @@ def child(args: argparse.Namespace) -> int:
     sampler = RssSampler()
     sampler.start()
     data = lazy_input(args.n, args.chunk)
-    p = data.patch(y=args.patch, x=args.patch, stride=args.stride, window="hann")
+    halo = {"halo": args.halo, "pad_mode": "reflect"} if args.halo else {}
+    p = data.patch(y=args.patch, x=args.patch, stride=args.stride, window="hann", **halo)
     fn = CallCounter(double)  # thread-safe: counts the patches that went through fn
     start = time.perf_counter()
     # Declared, so that apply does not call fn on a batch of zeros to find them.
@@ -475,12 +478,14 @@ def child(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_child(n: int, chunk: int, s: Sizes, task_memory: str | None = None) -> dict:
+def run_child(n: int, chunk: int, s: Sizes, task_memory: str | None = None, halo: int = 0) -> dict:
     """Run one out-of-core write in a fresh process; delete its output afterwards."""
     tmp = Path(tempfile.mkdtemp(prefix="xpatch-bench-scale-"))
     options = {"n": n, "chunk": chunk, "patch": s.patch, "stride": s.stride, "batch": s.batch}
     if task_memory is not None:
         options["task-memory"] = task_memory
+    if halo:
+        options["halo"] = halo
     command = [sys.executable, os.path.abspath(__file__), "--child"]
     for name, value in options.items():
         command += [f"--{name}", str(value)]
@@ -573,6 +578,10 @@ def bench_budget(s: Sizes) -> dict:
     runs = {
         "default": run_child(n, s.ooc_chunk, s),
         f"task_memory={UNBUDGETED!r}": run_child(n, s.ooc_chunk, s, UNBUDGETED),
+        f"default, halo={HALO}": run_child(n, s.ooc_chunk, s, halo=HALO),
+        f"task_memory={UNBUDGETED!r}, halo={HALO}": run_child(
+            n, s.ooc_chunk, s, UNBUDGETED, halo=HALO
+        ),
     }
     rows = [
         [
@@ -594,8 +603,8 @@ def bench_budget(s: Sizes) -> dict:
         ["task_memory", "working blocks", "fn calls", "peak RSS", "peak - base", "write", "err"],
         rows,
     )
-    default, whole = runs.values()
-    return {"default": default, "whole": whole}
+    default, whole, halo_default, halo_whole = runs.values()
+    return {"default": default, "whole": whole, "halo": (halo_default, halo_whole)}
 
 
 # -- main ------------------------------------------------------------------------------------
@@ -613,6 +622,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--batch", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--task-memory", help=argparse.SUPPRESS)
+    parser.add_argument("--halo", type=int, default=0, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
@@ -669,6 +679,11 @@ def main(argv: list[str] | None = None) -> int:
         f"{TARGET_BUDGETED // MiB} MiB) = {default['peak'] / whole['peak']:.2f}x the peak "
         f"with chunks whole ({fmt_mib(whole['peak'])}), in "
         f"{default['seconds'] / whole['seconds']:.2f}x the time"
+    )
+    halo_default, halo_whole = bu["halo"]
+    print(
+        f"- the same with halo={HALO}: peak RSS {fmt_mib(halo_default['peak'])} at the default "
+        f"task_memory, {fmt_mib(halo_whole['peak'])} with chunks whole"
     )
     print(f"\n(total {time.perf_counter() - start:.1f} s)")
     return 0
