@@ -256,3 +256,12 @@ def test_the_memory_budget_splits_the_chunks_of_a_halo_apply_and_keeps_its_value
     stored = xr.open_zarr(tmp_path / "small.zarr")
     np.testing.assert_allclose(stored[next(iter(stored.data_vars))].values, expected, rtol=1e-12)
     np.testing.assert_allclose(whole.values, expected, rtol=1e-12)
+
+
+def test_a_raster_with_irregular_labels_takes_a_halo_without_a_transform():
+    y = np.r_[0:8, 10:18].astype(float)
+    da = xr.DataArray(np.arange(256.0).reshape(16, 16), dims=("y", "x"), coords={"y": y})
+    da = da.assign_coords(spatial_ref=xr.Variable((), 0, {"GeoTransform": "0 1 0 0 0 1"}))
+    da.attrs["grid_mapping"] = "spatial_ref"
+    first = da.patch(y=8, x=8, halo=1, pad_mode="edge")[0]
+    assert first.shape == (10, 10) and first.y.values[:2].tolist() == [-1.0, 0.0]

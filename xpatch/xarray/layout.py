@@ -18,7 +18,7 @@ from typing import Any, Generic, Protocol, TypeVar
 import numpy as np
 import xarray as xr
 
-from xpatch.core.errors import DimensionError, OptionError, UncoveredCellsWarning
+from xpatch.core.errors import DimensionError, GeometryError, OptionError, UncoveredCellsWarning
 from xpatch.core.geometry import Boundary, Geometry
 from xpatch.core.padding import PadMode, check_pad_mode
 from xpatch.core.plan import Plan, max_group_size
@@ -397,7 +397,10 @@ def padded_object(obj: T, widths: Mapping[Hashable, tuple[int, int]], mode: PadM
         if d in obj.coords and obj[d].ndim == 1:
             coords[d] = (d, padded_labels(obj[d].values, before, after), obj[d].attrs)
     padded = padded.assign_coords(coords)
-    transform, raster = transform_of(obj), raster_dims(obj)
+    try:
+        transform, raster = transform_of(obj), raster_dims(obj)
+    except GeometryError:  # irregular labels: no transform to move, the labels say it all
+        transform, raster = None, None
     if transform is not None and raster is not None:
         rows, cols = (widths.get(d, (0, 0))[0] for d in raster)
         a, b, c, d_, e, f = transform
