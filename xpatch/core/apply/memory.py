@@ -35,8 +35,9 @@ CONFIG_KEY = "xpatch.task-memory"
 
 #: The budget when neither ``task_memory=`` nor the dask config sets one. Measured on a
 #: 2-thread write of 2048² chunks (4 float32 bands) and 512² patches: the tasks of whole
-#: chunks peaked at 765 MiB; 1024² working blocks (this budget) at 390 MiB in 1.24x the
-#: time; 512 x 1024 ones (128 MiB) at 327 MiB in 2.4x (each chunk read more often).
+#: chunks peaked at 752-866 MiB; 1024² working blocks (this budget) at 359-390 MiB in
+#: 1.2-1.75x the time; 512 x 1024 ones (128 MiB) at 327 MiB in 2.4x (each chunk read
+#: more often).
 DEFAULT_TASK_MEMORY = "192MiB"
 
 
