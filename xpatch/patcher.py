@@ -102,7 +102,10 @@ class Patcher(Generic[T]):
         use it. A model that looks at neighbours (a convolution) spreads the
         default NaN fill of float data into valid cells near the edge: use
         ``"reflect"`` (or ``"edge"``) for those. With a ``halo`` it also fills
-        the halo past both edges of the array.
+        the halo past both edges of the array. ``{dim: mode}`` pads each patched
+        dim its own way (dims left out: ``"constant"``), one dim after another in
+        the patched dims' order, e.g. ``{"lat": "reflect", "lon": "wrap"}`` for a
+        global grid.
     halo
         Cells read on each side of every patch beyond its window, for a model
         that looks at neighbours or crops (a U-Net without padding): one int, or
@@ -160,7 +163,7 @@ class Patcher(Generic[T]):
         sampler: Sampler | AtLabels | ObjectSampler | None = DEFAULT.sampler,
         min_valid: float | None = DEFAULT.min_valid,
         pad_value: Any = DEFAULT.pad_value,
-        pad_mode: PadMode = DEFAULT.pad_mode,
+        pad_mode: PadMode | Mapping[Hashable, PadMode] = DEFAULT.pad_mode,
         halo: int | Mapping[Hashable, int] | None = DEFAULT.halo,
         **size_kwargs: int,
     ) -> None:

@@ -238,3 +238,86 @@ def test_lazy_input_reads_chunks_from_the_far_side_for_wrap():
     da = xr.DataArray(values, dims="x")
     p = da.patch(x=8, stride=8, boundary="pad", pad_mode="wrap")
     np.testing.assert_array_equal(p.patches().values[-1], [16, 17, 18, 19, 0, 1, 2, 3])
+
+
+# -- one mode per dim ------------------------------------------------------------------
+
+
+def padded_per_dim(values: np.ndarray, widths: dict[int, tuple[int, int]], modes: dict[int, str]):
+    """np.pad axis after axis, in axis order, each with its own mode (0 for constant)."""
+    for axis, width in sorted(widths.items()):
+        pad = [(0, 0)] * values.ndim
+        pad[axis] = width
+        mode = modes[axis]
+        kwargs = {"constant_values": 0.0} if mode == "constant" else {}
+        values = np.pad(values, pad, mode=mode, **kwargs)
+    return values
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    lat_mode=st.sampled_from(MODES),
+    lon_mode=st.sampled_from(MODES),
+    halo=st.integers(0, 3),
+    chunk=st.integers(4, 12),
+)
+def test_a_mode_per_dim_pads_each_dim_as_numpy_does_one_after_the_other(
+    lat_mode, lon_mode, halo, chunk
+):
+    values = np.random.default_rng(2).normal(size=(13, 17))
+    da = xr.DataArray(values, dims=("lat", "lon"))
+    modes = {"lat": lat_mode, "lon": lon_mode}
+    options = dict(lat=8, lon=8, stride=6, boundary="pad", pad_mode=modes, halo=halo)
+    if "constant" in modes.values():
+        options["pad_value"] = 0.0
+    eager = da.patch(**options)
+    with forbid_compute():
+        lazy = da.chunk(lat=chunk, lon=chunk).patch(**options)
+        stack = lazy.patches()
+    anchors = eager.anchors().values
+    ends = anchors.max(axis=0) + 8
+    widths = {0: (halo, halo + ends[0] - 13), 1: (halo, halo + ends[1] - 17)}
+    expected = padded_per_dim(values, widths, {0: lat_mode, 1: lon_mode})
+    grown = 8 + 2 * halo
+    for i, (y, x) in enumerate(anchors):
+        np.testing.assert_array_equal(eager[i].values, expected[y : y + grown, x : x + grown])
+    for i, (y, x) in enumerate(lazy.anchors().values):  # chunk order for dask input
+        np.testing.assert_array_equal(stack[i].values, expected[y : y + grown, x : x + grown])
+    # Whatever the padding, the kept windows round-trip, numpy and dask alike.
+    np.testing.assert_allclose(lazy.reconstruct(stack).values, values, rtol=1e-12)
+    np.testing.assert_allclose(eager.apply(lambda b: b * 2).values, 2 * values, rtol=1e-12)
+
+
+def test_a_global_grid_reads_longitude_wrapped_and_latitude_reflected():
+    """A 3x3 filter over lon wrapped, lat reflected: the whole field padded the same way."""
+    rng = np.random.default_rng(4)
+    field = xr.DataArray(
+        rng.normal(size=(2, 36, 72)),
+        dims=("time", "lat", "lon"),
+        coords={"lat": np.linspace(87.5, -87.5, 36), "lon": np.arange(0, 360, 5.0)},
+    )
+
+    def box3(batch):  # an unpadded 3x3 mean: one cell less on each side
+        h, w = batch.shape[-2] - 2, batch.shape[-1] - 2
+        return sum(batch[..., i : i + h, j : j + w] for i in range(3) for j in range(3)) / 9
+
+    options = dict(lat=12, lon=24, stride=9, halo=1, pad_mode={"lat": "reflect", "lon": "wrap"})
+    out = field.chunk(lon=36).patch(**options).apply(box3, output_dims={"time": 2}, dtype="float64")
+    padded = padded_per_dim(field.values, {1: (1, 1), 2: (1, 1)}, {1: "reflect", 2: "wrap"})
+    np.testing.assert_allclose(out.values, box3(padded), rtol=1e-12)
+    first = field.patch(**options)[0]
+    assert first.lon.values[0] == -5.0 and first.lat.values[0] == 92.5
+
+
+def test_a_mode_per_dim_is_checked_like_one_mode():
+    da = xr.DataArray(np.zeros((8, 8)), dims=("y", "x"))
+    with pytest.raises(xpatch.OptionError, match=r"names \['t'\]"):
+        da.patch(y=4, x=4, boundary="pad", pad_mode={"t": "wrap"})
+    with pytest.raises(xpatch.OptionError, match="not a padding mode"):
+        da.patch(y=4, x=4, boundary="pad", pad_mode={"x": "mirror"})
+    with pytest.raises(xpatch.OptionError, match="needs boundary='pad'"):
+        da.patch(y=4, x=4, pad_mode={"x": "wrap"})
+    with pytest.raises(xpatch.OptionError, match="pad_value"):
+        da.patch(y=4, x=4, boundary="pad", pad_mode={"x": "wrap", "y": "edge"}, pad_value=1.0)
+    same = da.patch(y=4, x=4, boundary="pad", pad_mode={"x": "wrap", "y": "wrap"})
+    assert same.layout.pad_mode == "wrap" and same.layout.grown is None

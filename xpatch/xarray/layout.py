@@ -60,7 +60,7 @@ class LayoutOptions:
     sampler: Sampler | AtLabels | ObjectSampler | None = None
     min_valid: float | None = None
     pad_value: Any = None
-    pad_mode: PadMode = "constant"
+    pad_mode: PadMode | Mapping[Hashable, PadMode] = "constant"
     halo: int | Mapping[Hashable, int] | None = None
 
     @classmethod
@@ -120,7 +120,8 @@ class Layout(Generic[T]):
     sampler
         The sampler that placed the patches (resolved against the object).
     min_valid, pad_value, pad_mode
-        As given (``pad_mode`` checked against ``boundary`` and ``pad_value``).
+        As given (``pad_mode`` checked against ``boundary`` and ``pad_value``;
+        ``{dim: mode}`` when the patched dims are padded differently).
     plan
         The compiled plan: anchors by chunk, groups, boxes and the chunk grid.
     halo
@@ -147,7 +148,7 @@ class Layout(Generic[T]):
     sampler: Sampler
     min_valid: float | None
     pad_value: Any
-    pad_mode: PadMode
+    pad_mode: PadMode | Mapping[Hashable, PadMode]
     plan: Plan
     halo: tuple[int, ...] = ()
     grown: Layout | None = None
@@ -201,7 +202,7 @@ class Layout(Generic[T]):
         halo = check_halo(options.halo, geometry.dims)
         # A halo reaches past the array's edges whatever the boundary: pad_mode fills it.
         filled = "pad" if any(halo) else boundary
-        pad_mode = check_pad_mode(options.pad_mode, filled, options.pad_value)
+        pad_mode = check_pad_modes(options.pad_mode, geometry.dims, filled, options.pad_value)
         if filled == "pad":
             for name, var in variables.items():
                 pad_value_for(options.pad_value, var.dtype, name)
@@ -232,7 +233,9 @@ class Layout(Generic[T]):
             plan,
             halo,
         )
-        return replace(layout, grown=grown_layout(layout)) if any(halo) else layout
+        # Dims padded differently are read from the object padded once, dim by dim.
+        grown = any(halo) or not isinstance(pad_mode, str)
+        return replace(layout, grown=grown_layout(layout)) if grown else layout
 
     @property
     def reading(self) -> Layout[T]:
@@ -289,12 +292,47 @@ class Layout(Generic[T]):
         size = ", ".join(f"{d}: {s}" for d, s in zip(g.dims, g.size))
         stride = ", ".join(f"{d}: {s}" for d, s in zip(g.dims, g.stride))
         mode = "" if self.pad_mode == "constant" else f" pad_mode={self.pad_mode!r}"
+        if self.grown is not None and not isinstance(self.pad_mode, str):
+            mode = f" pad_mode={dict(self.pad_mode)!r}"
         if any(self.halo):
             mode += f" halo={dict(zip(g.dims, self.halo))!r}"
         return (
             f"({len(self)} patches) size=({size}) stride=({stride}) "
             f"boundary={g.boundary!r}{mode} window={self.window!r} sampler={self.sampler!r}"
         )
+
+
+def check_pad_modes(
+    pad_mode: object, dims: tuple[Hashable, ...], boundary: str, pad_value: object
+) -> PadMode | dict[Hashable, PadMode]:
+    """Return ``pad_mode``: one mode, or ``{dim: mode}`` (dims left out: ``"constant"``).
+
+    A mapping of one mode for every patched dim is that mode. Each mode is checked
+    as one mode is (:func:`~xpatch.core.padding.check_pad_mode`).
+
+    Examples
+    --------
+    >>> check_pad_modes({"x": "wrap", "y": "reflect"}, ("y", "x"), "pad", None)
+    {'y': 'reflect', 'x': 'wrap'}
+    >>> check_pad_modes({"x": "wrap", "y": "wrap"}, ("y", "x"), "pad", None)
+    'wrap'
+    """
+    if not isinstance(pad_mode, Mapping):
+        return check_pad_mode(pad_mode, boundary, pad_value)
+    unknown = [d for d in pad_mode if d not in dims]
+    if unknown:
+        raise OptionError(
+            f"pad_mode={dict(pad_mode)!r} names {unknown!r}, which are not patched dims; "
+            f"give {{dim: mode}} over {list(dims)!r} (dims left out are 'constant')."
+        )
+    modes = {d: pad_mode.get(d, "constant") for d in dims}
+    for mode in modes.values():
+        check_pad_mode(mode, boundary, None)
+    if pad_value is not None and all(m != "constant" for m in modes.values()):
+        check_pad_mode(next(iter(modes.values())), boundary, pad_value)  # refuses, naming it
+    if len(set(modes.values())) == 1:
+        return next(iter(modes.values()))
+    return modes
 
 
 def check_halo(halo: object, dims: tuple[Hashable, ...]) -> tuple[int, ...]:
@@ -354,7 +392,12 @@ def grown_layout(layout: Layout) -> Layout:
     )
 
 
-def padded_object(obj: T, widths: Mapping[Hashable, tuple[int, int]], mode: PadMode, fill) -> T:
+def padded_object(
+    obj: T,
+    widths: Mapping[Hashable, tuple[int, int]],
+    mode: PadMode | Mapping[Hashable, PadMode],
+    fill,
+) -> T:
     """Return ``obj`` with its variables padded by ``widths`` cells, labels extended.
 
     Repeating modes gather the cells that ``numpy.pad`` would repeat (``isel`` with
@@ -371,14 +414,18 @@ def padded_object(obj: T, widths: Mapping[Hashable, tuple[int, int]], mode: PadM
         # Lazily indexed (a file opened without chunks): pad through dask, else it loads.
         if not is_dask_backed(var) and not var.variable._in_memory:
             var = var.chunk("auto")
-        if mode == "constant":
-            value = pad_value_for(fill, var.dtype, var.name)
-            return var.pad(own, mode="constant", constant_values=value)
         for d, (before, after) in own.items():
+            if not before and not after:
+                continue
+            dim_mode = mode.get(d, "constant") if isinstance(mode, Mapping) else mode
+            if dim_mode == "constant":
+                value = pad_value_for(fill, var.dtype, var.name)
+                var = var.pad({d: (before, after)}, mode="constant", constant_values=value)
+                continue
             # Only the new cells are gathered, beside the array as it is: its chunks
             # stay the input's, and an edge's cells come from the chunk at that edge.
             n = var.sizes[d]
-            index = np.pad(np.arange(n), (before, after), mode=mode)
+            index = np.pad(np.arange(n), (before, after), mode=dim_mode)
             parts = [var.isel({d: index[:before]}), var, var.isel({d: index[before + n :]})]
             var = xr.concat([part for part in parts if part.sizes[d]], dim=d)
         return var
