@@ -320,6 +320,8 @@ class ChunkShuffleMapDataset(grain.MapDataset):
         return sweep_ranks(self._sweep.grids, self._seed, epoch)
 
     def _reading(self) -> SweepReads:
+        if self._reads is not None:  # every read asks: no lock once it is made
+            return self._reads
         with self._lock:
             if self._reads is None:
                 self._reads = SweepReads(

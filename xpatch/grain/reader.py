@@ -30,6 +30,7 @@ from xpatch.core.extract import check_pad_value
 from xpatch.core.padding import fill_padded
 from xpatch.core.plan import ChunkGrid
 from xpatch.core.sweep import chunk_uses
+from xpatch.grain.zarr_chunks import ZarrChunks, zarr_array_under
 from xpatch.xarray.variables import is_dask_backed
 
 #: Chunks read in one call of the store when patches are read in index order: the chunk
@@ -85,6 +86,10 @@ class VariablePlan:
         self.lazy = is_dask_backed(var)
         #: What the dask chunks are sliced from, when they are that unchanged (a store).
         self.stored = stored_array(var.data) if self.lazy else None
+        if self.stored is not None:
+            zarr_array = zarr_array_under(self.stored)
+            chunks = ZarrChunks.of(zarr_array) if zarr_array is not None else None
+            self.stored = self.stored if chunks is None else chunks
 
 
 def variable_index(plan: VariablePlan, region: Sequence[slice], clip: bool = False) -> tuple:

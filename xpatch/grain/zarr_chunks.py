@@ -1,0 +1,257 @@
+"""Read whole chunks of a zarr v3 array on the calling thread, not through zarr's event loop.
+
+``zarr.Array.__getitem__`` hands every read to zarr's event loop, whose worker
+threads fetch the chunk's bytes and decode them: each chunk passes the GIL between
+four threads. Under Grain's 16 read threads on 2 cores every pass waits its turn,
+and a shuffled epoch over a 1 GiB compressed zarr spent 2.3-2.4x the time of
+decoding each chunk once (``benchmarks/bench_storage.py``). Read here, a chunk's
+bytes come from the store (on the calling thread when the store can, as a local
+folder or memory can) and its codecs decode them on the calling thread, releasing
+the GIL where they compress: the same epoch took 1.4x.
+
+Only what can be decoded exactly this way is: zarr v3, a regular chunk grid, no
+sharding, and codecs that decode without the event loop (``bytes``, ``zstd``,
+``blosc``, ``gzip``, ``transpose``, ``crc32c``). The first chunk each process reads
+is checked against zarr's own read of it; should they ever differ, zarr reads
+everything from then on and a warning says so.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import warnings
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from itertools import product
+
+import numpy as np
+
+#: Wrappers xarray puts around a zarr array it opened with dask chunks and did not
+#: decode (no scale, offset or fill value to mask): reading under them changes nothing.
+_PLAIN_WRAPPERS = ("ImplicitToExplicitIndexingAdapter", "CopyOnWriteArray", "LazilyIndexedArray")
+
+
+_pool: tuple[int, ThreadPoolExecutor] | None = None
+_pool_lock = threading.Lock()
+
+
+def _decoding_pool() -> ThreadPoolExecutor:
+    # One per process: a pool inherited through fork has no threads behind it.
+    global _pool
+    with _pool_lock:
+        if _pool is None or _pool[0] != os.getpid():
+            _pool = (os.getpid(), ThreadPoolExecutor(os.cpu_count() or 1, "xpatch-zarr"))
+        return _pool[1]
+
+
+def zarr_array_under(stored: object) -> object | None:
+    """Return the zarr array that xarray's lazy ``stored`` reads unchanged, or None.
+
+    None when anything between them changes the values or the indexing: CF decoding
+    (a scale, an offset, a fill value to mask), a lazy selection, another backend.
+
+    Examples
+    --------
+    >>> import numpy as np, xarray as xr
+    >>> from zarr.storage import MemoryStore
+    >>> from xpatch.core.chunk_cache import stored_array
+    >>> store = MemoryStore()
+    >>> _ = xr.Dataset({"v": ("x", np.arange(8.0))}).to_zarr(store, consolidated=False)
+    >>> lazy = xr.open_zarr(store, consolidated=False)["v"].data
+    >>> type(zarr_array_under(stored_array(lazy))).__name__
+    'Array'
+    """
+    node = stored
+    for name in _PLAIN_WRAPPERS:
+        if type(node).__name__ != name:
+            return None
+        if name == "LazilyIndexedArray":
+            key = getattr(node.key, "tuple", None)
+            if key is None or any(k != slice(None) for k in key):
+                return None
+        node = getattr(node, "array", None)
+    if type(node).__name__ != "ZarrArrayWrapper" or not hasattr(node, "get_array"):
+        return None
+    array = node.get_array()
+    if getattr(array, "dtype", None) != node.dtype or array.shape != node.shape:
+        return None  # xarray casts it (strings, for one)
+    return array
+
+
+class ZarrChunks:
+    """Slice a zarr v3 array by whole chunks, decoding them on the calling thread.
+
+    Built by :meth:`of`, which returns None for arrays it cannot read exactly.
+    ``chunks[index]`` takes a tuple of slices (steps of 1) and returns a numpy
+    array, read-only when it is one chunk as decoded.
+
+    Examples
+    --------
+    >>> import numpy as np, zarr
+    >>> from zarr.storage import MemoryStore
+    >>> z = zarr.create_array(MemoryStore(), shape=(6, 5), chunks=(4, 4), dtype="int32")
+    >>> z[...] = np.arange(30).reshape(6, 5)
+    >>> chunks = ZarrChunks.of(z)
+    >>> chunks[0:6, 4:5].ravel().tolist()
+    [4, 9, 14, 19, 24, 29]
+    """
+
+    def __init__(self, array, codecs: tuple, chunk_shape: tuple[int, ...]) -> None:
+        self.array = array
+        self.shape = tuple(array.shape)
+        self.dtype = np.dtype(array.dtype)
+        self.ndim = len(self.shape)
+        self._codecs = codecs
+        self._chunk_shape = chunk_shape
+        self._specs: list | None = None
+        self._checked = False
+        self._trusted = True
+        self._lock = threading.Lock()
+
+    @classmethod
+    def of(cls, array) -> ZarrChunks | None:
+        """Return a chunk reader of zarr array ``array``, or None when it takes zarr's reads."""
+        try:
+            from zarr.abc.codec import (
+                ArrayArrayCodec,
+                ArrayBytesCodec,
+                BytesBytesCodec,
+                SupportsSyncCodec,
+            )
+            from zarr.core.chunk_grids import RegularChunkGrid
+        except ImportError:  # another zarr: its own reads are always right
+            return None
+        metadata = getattr(array, "metadata", None)
+        if getattr(metadata, "zarr_format", None) != 3:
+            return None
+        if not isinstance(metadata.chunk_grid, RegularChunkGrid):
+            return None
+        codecs = tuple(metadata.codecs)
+        if not all(isinstance(c, SupportsSyncCodec) for c in codecs):
+            return None  # sharding, or a codec that decodes only on the event loop
+        kinds = [
+            [isinstance(c, kind) for kind in (ArrayArrayCodec, ArrayBytesCodec, BytesBytesCodec)]
+            for c in codecs
+        ]
+        stages = [row.index(True) if sum(row) == 1 else -1 for row in kinds]
+        if -1 in stages or stages != sorted(stages) or stages.count(1) != 1:
+            return None  # not the chain zarr itself would accept
+        return cls(array, codecs, tuple(int(n) for n in metadata.chunk_grid.chunk_shape))
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        del state["_lock"]
+        state["_specs"] = None
+        state["_checked"] = False  # checked again in each process
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    def __getitem__(self, index: Sequence[slice]) -> np.ndarray:
+        index = tuple(index)
+        if self._trusted:
+            try:
+                values = self._read(index)
+            except Exception:  # zarr's own read below says what is wrong, or reads it
+                values = None
+            if values is not None and not self._checked:
+                with self._lock:
+                    if not self._checked:
+                        self._check(index, values)
+                        self._checked = True
+            if values is not None and self._trusted:
+                return values
+        return np.asarray(self.array[index])
+
+    def _check(self, index: tuple, values: np.ndarray) -> None:
+        # Values unlike zarr's own: zarr reads everything from now on.
+        expected = np.asarray(self.array[index])
+        same = values.shape == expected.shape and values.dtype == expected.dtype
+        if same:
+            equal_nan = values.dtype.kind in "fc"
+            same = bool(np.array_equal(values, expected, equal_nan=equal_nan))
+        if not same:
+            self._trusted = False
+            warnings.warn(
+                f"xpatch's direct reads of the zarr array {self.array.store_path} gave "
+                "other values than zarr's: it is read through zarr from now on (slower). "
+                "Please report it with the array's codecs.",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+
+    def _read(self, index: tuple) -> np.ndarray:
+        bounds = [sl.indices(n)[:2] for sl, n in zip(index, self.shape)]
+        ranges = [
+            range(start // c, -(-stop // c)) if stop > start else range(0)
+            for (start, stop), c in zip(bounds, self._chunk_shape)
+        ]
+        coords = list(product(*ranges))
+        if len(coords) == 1:
+            chunk = self._decoded(coords[0])
+            cut = tuple(
+                slice(start - i * c, stop - i * c)
+                for (start, stop), i, c in zip(bounds, coords[0], self._chunk_shape)
+            )
+            return chunk[cut]
+        out = np.empty([stop - start for start, stop in bounds], self.dtype)
+
+        def place(chunk_coords: tuple[int, ...]) -> None:
+            chunk = self._decoded(chunk_coords)
+            target, source = [], []
+            for (start, stop), i, c in zip(bounds, chunk_coords, self._chunk_shape):
+                lo, hi = max(start, i * c), min(stop, (i + 1) * c)
+                target.append(slice(lo - start, hi - start))
+                source.append(slice(lo - i * c, hi - i * c))
+            out[tuple(target)] = chunk[tuple(source)]
+
+        # Several chunks are decoded side by side, as zarr would (a run of 4 chunks
+        # read in index order: 1.1-1.2x the floor so, 1.2-1.3x one after another).
+        for done in [_decoding_pool().submit(place, c) for c in coords]:
+            done.result()
+        return out
+
+    def _chunk_specs(self) -> list:
+        # What each codec decodes against: the spec it was given on the way in.
+        if self._specs is None:
+            from zarr.core.buffer import default_buffer_prototype
+
+            zeros = (0,) * self.ndim
+            config = self.array._async_array.config
+            spec = self.array.metadata.get_chunk_spec(zeros, config, default_buffer_prototype())
+            specs = []
+            for codec in self._codecs:
+                specs.append(spec)
+                spec = codec.resolve_metadata(spec)
+            self._specs = specs
+        return self._specs
+
+    def _decoded(self, chunk_coords: tuple[int, ...]) -> np.ndarray:
+        from zarr.abc.store import SupportsGetSync
+        from zarr.core.sync import sync
+
+        specs = self._chunk_specs()
+        prototype = specs[0].prototype
+        metadata = self.array.metadata
+        store_path = self.array.store_path / metadata.encode_chunk_key(chunk_coords)
+        if isinstance(store_path.store, SupportsGetSync):  # a folder, memory
+            raw = store_path.get_sync(prototype=prototype)
+        else:  # an object store reads only on the event loop: the bytes come from there
+            raw = sync(store_path.get(prototype=prototype))
+        if raw is None:  # never written: zarr's fill value
+            values = np.full(self._chunk_shape, metadata.fill_value, self.dtype)
+        else:
+            data = raw
+            for codec, spec in zip(reversed(self._codecs), reversed(specs)):
+                data = codec._decode_sync(data, spec)
+            values = data.as_numpy_array().view()
+        if values.dtype != self.dtype or values.shape != self._chunk_shape:
+            raise ValueError(  # zarr reads it instead
+                f"decoded a {values.shape} {values.dtype} chunk of a zarr array of "
+                f"{self._chunk_shape} {self.dtype} chunks"
+            )
+        values.setflags(write=False)
+        return values
