@@ -10,7 +10,8 @@ same run, and every ratio is printed beside its target (nothing is asserted):
 - ``src[i]`` in index order, default cache (target <= 1.1x the floor).
 - ``chunk_shuffle`` (the sweep) through Grain's default 16 read threads and through
   2, with ``cache_bytes`` at 5 % of the data (target <= 1.3x and <= 1.05 loads per
-  chunk); the order of xpatch before the sweep (``order="chunk"``) beside it.
+  chunk); the order of xpatch before the sweep (``order="chunk"``) beside it; and
+  Grain alone serving as many tiny items (what its read threads cost by themselves).
 - Batches of 16 consecutive patches: how many distinct chunks hold their anchors
   (target >= 8; a global shuffle, computed on the same patches, about 16).
 - The same epoch over zarr's ``LatencyStore`` (20 ms per read) on the same zarr,
@@ -141,6 +142,28 @@ def shuffled_epoch(src, order: str, threads: int = 16) -> tuple[float, float, ob
     return seconds, stats.loads / src.chunk_count, stats
 
 
+class TinyItems:
+    """A source of as many items as ``src``, each a 4-value array: Grain's own cost per item."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, index: int) -> dict:
+        return {"data": np.zeros(4, np.uint16), "index": np.int64(index)}
+
+
+def grain_alone_seconds(count: int, threads: int) -> float:
+    """Seconds Grain takes to serve ``count`` shuffled tiny items through its read threads."""
+    dataset = grain.MapDataset.source(TinyItems(count)).shuffle(seed=1)
+    start = time.perf_counter()
+    for _ in dataset.to_iter_dataset(grain.ReadOptions(num_threads=threads)):
+        pass
+    return time.perf_counter() - start
+
+
 class LoadsOfThisProcess:
     """A Grain map that tags every item with its process and that process's chunk loads."""
 
@@ -217,10 +240,13 @@ def main() -> int:
         if (order, threads) == ("sweep", 16):
             waited = stats.wait_seconds
             decoded = stats.load_seconds
+    for threads in (16, 2):
+        seconds = grain_alone_seconds(len(src), threads)
+        rows.append([f"Grain alone (tiny items), {threads} threads", seconds / floor, 0.0, "-"])
     print_table(
         f"one epoch, {len(src)} patches (sweep: mix={mix}, read_ahead={ahead})",
         ["epoch", "time / floor", "loads per chunk", "target"],
-        [[r[0], f"{r[1]:.2f}x", f"{r[2]:.2f}", r[3]] for r in rows],
+        [[r[0], f"{r[1]:.2f}x", f"{r[2]:.2f}" if r[2] else "-", r[3]] for r in rows],
     )
     print(
         f"sweep, 16 threads: reads waited {waited:.2f} s for chunks; loading took {decoded:.2f} s "
