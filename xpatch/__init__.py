@@ -28,6 +28,7 @@ from xpatch.core.errors import (
     XPatchError,
 )
 from xpatch.core.samplers import Anchors, AtLabels, JitteredGrid, RandomAnchors, RegularGrid
+from xpatch.forecast.stencil import Forecast
 from xpatch.io.writer import write
 from xpatch.patcher import Patcher, patch
 from xpatch.scenes.patcher import ScenePatcher, patch_scenes
@@ -40,6 +41,7 @@ __all__ = [
     "AtLabels",
     "AtPoints",
     "DimensionError",
+    "Forecast",
     "GeometryError",
     "InBounds",
     "JitteredGrid",

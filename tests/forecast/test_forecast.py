@@ -1,0 +1,248 @@
+"""Forecast samples: origins with every label, inputs and targets equal to direct selections."""
+
+from __future__ import annotations
+
+import pickle
+
+import dask
+import numpy as np
+import pandas as pd
+import pytest
+import xarray as xr
+
+import xpatch
+from xpatch import DimensionError, Forecast, OptionError
+
+grain = pytest.importorskip("grain")
+
+HOUR = pd.Timedelta("1h")
+
+
+def era5_like(tmp_path=None) -> xr.Dataset:
+    """6-hourly fields with a gap, lat descending, lon from 0 east, a static field."""
+    times = pd.date_range("2021-01-01", periods=40, freq="6h")
+    times = times.delete([17, 18, 19])  # a gap of 18 hours
+    lat = np.linspace(87.5, -87.5, 32)
+    lon = np.arange(64) * 5.625  # 0 ... 354.375
+    rng = np.random.default_rng(0)
+    shape = (len(times), len(lat), len(lon))
+    data = xr.Dataset(
+        {
+            "t2m": (("time", "lat", "lon"), rng.normal(280, 10, shape).astype("float32")),
+            "z500": (("time", "lat", "lon"), rng.normal(5500, 50, shape).astype("float32")),
+            "orography": (("lat", "lon"), rng.normal(0, 500, shape[1:]).astype("float32")),
+        },
+        coords={"time": times, "lat": lat, "lon": lon},
+    )
+    if tmp_path is None:
+        return data
+    encoding = {v: {"chunks": (8, 16, 32)} for v in ("t2m", "z500")}
+    encoding["orography"] = {"chunks": (16, 32)}
+    data.to_zarr(tmp_path / "era5.zarr", encoding=encoding, consolidated=False, zarr_format=3)
+    return xr.open_zarr(tmp_path / "era5.zarr", consolidated=False)
+
+
+def valid_origins(times: pd.DatetimeIndex, offsets) -> list[pd.Timestamp]:
+    present = set(times)
+    return [t for t in times if all(t + pd.Timedelta(o) in present for o in offsets)]
+
+
+HISTORY, LEAD = ["-6h", "0h"], ["6h"]
+
+
+def test_the_origins_are_exactly_those_with_every_label_and_the_skipped_are_counted_by_offset():
+    data = era5_like()
+    fc = data.patch(time=Forecast(inputs=HISTORY, targets=LEAD), lat=16, lon=16, stride=16)
+    times = data.indexes["time"]
+    expected = valid_origins(times, HISTORY + LEAD)
+    assert len(expected) == 37 - 2 - 2  # the ends and both sides of the gap
+    assert list(pd.DatetimeIndex(fc.origins.values)) == expected
+    assert len(fc) == len(expected) * 8  # 2 x 4 spatial patches
+    present = set(times)
+    assert fc.skipped.count == len(times) - len(expected)
+    for offset in HISTORY + LEAD:
+        lacking = sum(t + pd.Timedelta(offset) not in present for t in times)
+        assert fc.skipped.missing[offset] == lacking
+    assert "origins skipped" in str(fc.skipped) and "lack -6h" in str(fc.skipped)
+
+
+def test_every_sample_equals_direct_selections_by_label_static_fields_in_the_inputs():
+    data = era5_like()
+    fc = data.patch(time=Forecast(inputs=HISTORY, targets=LEAD), lat=16, lon=32, stride=16)
+    anchors = fc.patcher.anchors().values
+    for i in range(len(fc)):
+        sample = fc[i]
+        origin = pd.Timestamp(sample["origin"])
+        _, y, x = anchors[i]
+        box = {"lat": slice(y, y + 16), "lon": slice(x, x + 32)}
+        history = [origin + pd.Timedelta(o) for o in HISTORY]
+        lead = [origin + pd.Timedelta(o) for o in LEAD]
+        xr.testing.assert_identical(sample["inputs"], data.sel(time=history).isel(box))
+        xr.testing.assert_identical(sample["targets"], data[["t2m", "z500"]].sel(time=lead).isel(box))
+
+
+def test_the_grain_source_serves_the_same_samples_as_numpy_arrays():
+    data = era5_like()
+    forecast = Forecast(inputs=HISTORY, targets=LEAD, target_variables=["t2m"])
+    fc = data.patch(time=forecast, lat=16, lon=32, stride=16)
+    src = fc.to_grain()
+    assert len(src) == len(fc)
+    for i in [0, 5, len(fc) - 1]:
+        item, sample = src[i], fc[i]
+        assert item["origin"] == sample["origin"]
+        assert set(item["inputs"]) == {"t2m", "z500", "orography"}
+        assert set(item["targets"]) == {"t2m"}
+        for name, values in item["inputs"].items():
+            np.testing.assert_array_equal(values, sample["inputs"][name].values)
+        np.testing.assert_array_equal(item["targets"]["t2m"], sample["targets"]["t2m"].values)
+        assert item["targets"]["t2m"].shape == (1, 16, 32)
+
+
+def test_a_chunk_shuffled_epoch_from_a_zarr_serves_every_sample_once_reading_each_chunk_once(
+    tmp_path,
+):
+    data = era5_like()
+    lazy = era5_like(tmp_path)
+    fc = lazy.patch(time=Forecast(inputs=HISTORY, targets=LEAD), lat=16, lon=32, stride=16)
+    src = fc.to_grain()
+    expected = data.patch(time=Forecast(inputs=HISTORY, targets=LEAD), lat=16, lon=32, stride=16)
+    dataset = grain.MapDataset.source(src).pipe(src.chunk_shuffle, seed=3)
+    seen = []
+    for item in dataset.to_iter_dataset(grain.ReadOptions(num_threads=2)):
+        i = int(item["index"])
+        seen.append(i)
+        sample = expected[i]
+        np.testing.assert_array_equal(item["inputs"]["t2m"], sample["inputs"]["t2m"].values)
+        np.testing.assert_array_equal(item["targets"]["z500"], sample["targets"]["z500"].values)
+    assert sorted(seen) == list(range(len(src)))
+    assert seen != sorted(seen)
+    assert src.cache_stats().loads == src.chunk_count
+
+
+def test_a_restored_iterator_into_a_fresh_source_continues_exactly(tmp_path):
+    lazy = era5_like(tmp_path)
+    fc = lazy.patch(time=Forecast(inputs=HISTORY, targets=LEAD), lat=16, lon=32, stride=16)
+    src = fc.to_grain()
+
+    def pipeline(source):
+        return (
+            grain.MapDataset.source(source)
+            .pipe(source.chunk_shuffle, seed=5)
+            .batch(4)
+            .to_iter_dataset()
+            .pipe(source.with_fingerprint)
+        )
+
+    iterator = iter(pipeline(src))
+    for _ in range(7):
+        next(iterator)
+    state = iterator.get_state()
+    rest = [(b["index"].tolist(), b["origin"].tolist()) for b in iterator]
+    fresh = pickle.loads(pickle.dumps(src))
+    restored = iter(pipeline(fresh))
+    restored.set_state(state)
+    assert [(b["index"].tolist(), b["origin"].tolist()) for b in restored] == rest
+    other = lazy.patch(time=Forecast(inputs=["-12h", "0h"], targets=LEAD), lat=16, lon=32)
+    with pytest.raises(OptionError):
+        iter(pipeline(other.to_grain())).set_state(state)
+
+
+def test_samples_of_lazy_input_stay_lazy(tmp_path):
+    lazy = era5_like(tmp_path)
+    computed = []
+
+    class Count(dask.callbacks.Callback):
+        def _start(self, dsk):
+            computed.append(len(dsk))
+
+    with Count():
+        fc = lazy.patch(time=Forecast(inputs=HISTORY, targets=LEAD), lat=16, lon=16)
+        sample = fc[3]
+        assert sample["inputs"]["t2m"].chunks is not None
+    assert computed == []
+
+
+def test_a_rollout_of_leads_and_a_whole_field_without_spatial_patches():
+    data = era5_like()
+    leads = pd.timedelta_range("6h", "24h", freq="6h")
+    fc = data["t2m"].patch(time=Forecast(inputs=["0h"], targets=leads))
+    times = data.indexes["time"]
+    assert len(fc) == len(valid_origins(times, ["0h", *leads]))
+    sample = fc[2]
+    origin = pd.Timestamp(sample["origin"])
+    xr.testing.assert_identical(sample["targets"], data["t2m"].sel(time=origin + leads))
+    item = fc.to_grain()[2]
+    assert item["targets"].shape == (4, 32, 64)
+
+
+def test_non_contiguous_offsets_across_a_gap_and_origins_chosen_by_label():
+    data = era5_like()
+    times = data.indexes["time"]
+    chosen = slice("2021-01-03", "2021-01-08")
+    fc = data["z500"].patch(time=Forecast(inputs=["-12h", "0h"], targets=["12h"], origins=chosen))
+    candidates = times[times.slice_indexer(chosen.start, chosen.stop)]
+    expected = [t for t in valid_origins(times, ["-12h", "0h", "12h"]) if t in candidates]
+    assert list(pd.DatetimeIndex(fc.origins.values)) == expected
+    assert fc.skipped.candidates == len(candidates)
+    for i in range(len(fc)):
+        origin = pd.Timestamp(fc[i]["origin"])
+        np.testing.assert_array_equal(
+            fc[i]["inputs"].values, data["z500"].sel(time=[origin - 12 * HOUR, origin]).values
+        )
+
+
+def test_steps_along_a_dim_without_datetimes():
+    da = xr.DataArray(np.arange(10.0 * 4).reshape(10, 4), dims=("step", "x"))
+    fc = da.patch(step=Forecast(inputs=[-1, 0], targets=[2]), x=2)
+    assert len(fc) == 7 * 2
+    sample = fc[1]
+    assert sample["origin"] == 1
+    np.testing.assert_array_equal(sample["inputs"].values, da.values[[0, 1], 2:4])
+    np.testing.assert_array_equal(sample["targets"].values, da.values[[3], 2:4])
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "match"),
+    [
+        (lambda d: d.patch(time=Forecast(inputs=[-1], targets=[1])), OptionError, "steps"),
+        (lambda d: d.patch(time=Forecast(inputs=["-5h"], targets=["6h"])), OptionError, "no origin"),
+        (lambda d: d.patch(time=Forecast(inputs=["x"], targets=["6h"])), OptionError, "timedeltas"),
+        (lambda d: d.patch(time=Forecast(inputs=[], targets=["6h"])), OptionError, "at least one"),
+        (
+            lambda d: d.patch(time=Forecast(inputs=["0h"], targets=["6h"]), lat=8, stride={"time": 2}),
+            OptionError,
+            "stride",
+        ),
+        (
+            lambda d: d.patch(time=Forecast(["0h"], ["6h"], target_variables=["orography"])),
+            OptionError,
+            "no 'time' dim",
+        ),
+        (
+            lambda d: d.patch(time=Forecast(["0h"], ["6h"], input_variables=["rain"])),
+            OptionError,
+            "rain",
+        ),
+        (lambda d: d.patch(level=Forecast(["0h"], ["6h"])), DimensionError, "level"),
+        (
+            lambda d: d.patch(time=Forecast(["0h"], ["6h"]), lat=Forecast(["0h"], ["6h"])),
+            OptionError,
+            "one dim",
+        ),
+        (
+            lambda d: d.patch(time=Forecast(["0h"], ["6h"], origins=["1999-01-01"])),
+            OptionError,
+            "does not have",
+        ),
+    ],
+)
+def test_bad_forecasts_are_refused_naming_the_argument(call, error, match):
+    with pytest.raises(error, match=match):
+        call(era5_like())
+
+
+def test_the_forecast_is_exported_and_the_repr_says_what_it_serves():
+    data = era5_like()
+    fc = data.patch(time=xpatch.Forecast(inputs=HISTORY, targets=LEAD), lat=32, lon=64)
+    assert "33 origins" in repr(fc) and "1 spatial patches" in repr(fc)
+    assert "ForecastSource" in repr(fc.to_grain())

@@ -1,0 +1,1 @@
+"""Forecast samples: inputs and targets taken by time label around each valid origin."""

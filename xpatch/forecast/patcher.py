@@ -1,0 +1,240 @@
+"""Forecast samples of a labelled array: inputs and targets by time label, patches in space.
+
+``obj.patch(time=xpatch.Forecast(...), lat=64, lon=64)`` builds a
+:class:`ForecastPatcher`. Underneath it is an ordinary :class:`~xpatch.Patcher` whose
+time window holds every label of a sample (from the earliest input to the last
+target), anchored at each valid origin and combined with each spatial patch: its
+reads, chunk cache and chunk-shuffled order serve forecast samples unchanged. A
+sample is that window's patch, split into the labels of its inputs and its targets.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Hashable, Mapping
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+from xpatch.core.errors import DimensionError, OptionError
+from xpatch.core.samplers import Anchors
+from xpatch.forecast.stencil import Forecast, OriginPlan, SkippedOrigins, plan_origins
+from xpatch.patcher import Patcher
+
+#: Layout options that concern the spatial patches only.
+_SPATIAL_OPTIONS = ("boundary", "sampler", "min_valid", "pad_value", "pad_mode", "halo")
+#: Every option ``obj.patch(...)`` takes besides sizes.
+_OPTIONS = (*_SPATIAL_OPTIONS, "window")
+
+
+def forecast_dim(size: Mapping[Hashable, Any] | None, options: Mapping[str, Any]) -> Hashable | None:
+    """Return the dim given a :class:`Forecast` in ``size`` or ``options``, or None.
+
+    Raises :class:`~xpatch.OptionError` when more than one dim is given one.
+
+    Examples
+    --------
+    >>> forecast_dim(None, {"time": Forecast(inputs=["0h"], targets=["6h"]), "x": 4})
+    'time'
+    """
+    given = {**dict(size or {}), **options}
+    dims = [d for d, v in given.items() if isinstance(v, Forecast)]
+    if len(dims) > 1:
+        raise OptionError(
+            f"Forecast given for {dims!r}: one dim (time) takes a Forecast, the others sizes."
+        )
+    return dims[0] if dims else None
+
+
+def forecast_layout(
+    obj: xr.DataArray | xr.Dataset,
+    size: Mapping[Hashable, Any] | None,
+    stride: int | Mapping[Hashable, int] | None,
+    options: Mapping[str, Any],
+) -> ForecastPatcher:
+    """Build the :class:`ForecastPatcher` of an ``obj.patch(...)`` call given a Forecast."""
+    given = {**dict(size or {}), **{k: v for k, v in options.items() if k not in _OPTIONS}}
+    dim = forecast_dim(given, {})
+    spatial = {d: v for d, v in given.items() if d != dim}
+    layout_options = {k: v for k, v in options.items() if k in _OPTIONS}
+    return ForecastPatcher(obj, dim, given[dim], spatial, stride, layout_options)
+
+
+class ForecastPatcher:
+    """Forecast samples: each valid origin's inputs and targets, in every spatial patch.
+
+    Built by ``obj.patch(time=xpatch.Forecast(...), **spatial sizes)``; see
+    :class:`~xpatch.Forecast`. Sample ``i`` is origin ``i // n`` in spatial patch
+    ``i % n`` (``n`` spatial patches; 1 for the whole field).
+
+    Examples
+    --------
+    >>> import numpy as np, pandas as pd, xarray as xr, xpatch
+    >>> times = pd.date_range("2020-01-01", periods=6, freq="6h")
+    >>> da = xr.DataArray(np.zeros((6, 8, 8)), dims=("time", "y", "x"),
+    ...                   coords={"time": times})
+    >>> fc = da.patch(time=xpatch.Forecast(inputs=["-6h", "0h"], targets=["6h"]), y=4, x=4)
+    >>> len(fc), fc[0]["inputs"].shape, fc[0]["targets"].shape
+    (16, (2, 4, 4), (1, 4, 4))
+    >>> str(fc[0]["origin"])
+    '2020-01-01T06:00:00.000000000'
+    """
+
+    def __init__(
+        self,
+        obj: xr.DataArray | xr.Dataset,
+        dim: Hashable,
+        forecast: Forecast,
+        size: Mapping[Hashable, int],
+        stride: int | Mapping[Hashable, int] | None,
+        options: Mapping[str, Any],
+    ) -> None:
+        if dim not in obj.dims:
+            raise DimensionError(
+                f"Forecast given for {dim!r}, which is not a dim of the object "
+                f"(dims {list(obj.dims)!r})."
+            )
+        if isinstance(stride, Mapping) and dim in stride:
+            raise OptionError(
+                f"stride={dict(stride)!r} gives the forecast dim {dim!r} a stride: its "
+                "samples start at every valid origin. Leave it out (Forecast(origins=...) "
+                "chooses them)."
+            )
+        unknown = set(options) - set(_OPTIONS)
+        if unknown:
+            raise OptionError(f"unknown option(s) {sorted(unknown)!r} for a forecast layout.")
+        coordinate = obj.indexes[dim] if dim in obj.indexes else np.arange(obj.sizes[dim])
+        self.dim = dim
+        self.forecast = forecast
+        self.plan: OriginPlan = plan_origins(coordinate, dim, forecast)
+        self._labels = np.asarray(coordinate)
+        roles = _roles(obj, dim, forecast)
+        self._input_variables, self._target_variables = roles
+        spatial_options = {k: v for k, v in options.items() if k in _SPATIAL_OPTIONS}
+        if spatial := dict(size):
+            grid = Patcher(obj, spatial, stride, **spatial_options)
+            space, space_dims = grid.layout.plan.anchors, grid.dims
+        else:
+            space, space_dims = np.zeros((1, 0), dtype=np.int64), ()
+        self.spatial_count = len(space)
+        starts = self.plan.starts(obj.sizes[dim])
+        indices = {dim: np.repeat(starts, len(space))}
+        for j, d in enumerate(space_dims):
+            indices[d] = np.tile(space[:, j], len(starts))
+        # The samples are exactly the anchors given: nothing filters or reorders them.
+        inner_options = {k: v for k, v in spatial_options.items() if k != "min_valid"}
+        inner_options["sampler"] = Anchors(indices)
+        if isinstance(inner_options.get("halo"), int):
+            inner_options["halo"] = dict.fromkeys(space_dims, inner_options["halo"])
+        sizes = {dim: self.plan.window, **spatial}
+        self.patcher = Patcher(obj, sizes, stride, **inner_options)
+        self._starts = starts
+
+    def __len__(self) -> int:
+        return len(self._starts) * self.spatial_count
+
+    def __repr__(self) -> str:
+        f = self.forecast
+        return (
+            f"<xpatch.ForecastPatcher {len(self)} samples: {len(self._starts)} origins along "
+            f"{self.dim!r} (inputs {f.inputs!r}, targets {f.targets!r}; {self.skipped}) x "
+            f"{self.spatial_count} spatial patches>"
+        )
+
+    @property
+    def skipped(self) -> SkippedOrigins:
+        """The origins left out, and which offset each lacked."""
+        return self.plan.skipped
+
+    @property
+    def origins(self) -> xr.DataArray:
+        """The label of every valid origin, in sample order (dim ``"origin"``)."""
+        return xr.DataArray(self._labels[self.plan.origins], dims="origin")
+
+    def relative_positions(self, origin: int) -> tuple[np.ndarray, np.ndarray]:
+        """Positions of origin ``origin``'s input and target labels within its window."""
+        start = self._starts[origin]
+        return self.plan.inputs[origin] - start, self.plan.targets[origin] - start
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        """Sample ``index``: ``{"inputs", "targets", "origin"}``, lazy for lazy input."""
+        position = operator.index(index)
+        if not -len(self) <= position < len(self):
+            raise IndexError(f"sample index {position} is out of range for {len(self)} samples.")
+        position %= len(self)
+        window = self.patcher[position]
+        origin = position // self.spatial_count
+        inputs, targets = self.relative_positions(origin)
+        return {
+            "inputs": self._role(window, self._input_variables).isel(
+                {self.dim: inputs}, missing_dims="ignore"
+            ),
+            "targets": self._role(window, self._target_variables).isel({self.dim: targets}),
+            "origin": self._labels[self.plan.origins[origin]],
+        }
+
+    def _role(self, window: xr.DataArray | xr.Dataset, variables: list | None) -> Any:
+        return window if variables is None else window[variables]
+
+    def to_grain(self, *, cache_bytes: int | None = None) -> Any:
+        """A Grain source of the samples: ``{"inputs", "targets", "origin", "anchor", "index"}``.
+
+        Read through the patcher's source (chunk cache, ``chunk_shuffle``: each
+        chunk decoded once per epoch). ``inputs`` and ``targets`` are arrays for a
+        DataArray, ``{variable: array}`` for a Dataset; ``origin`` the origin's label
+        (``datetime64[ns]``, or its position when the dim has no coordinate).
+
+        Examples
+        --------
+        >>> import numpy as np, pandas as pd, xarray as xr, xpatch
+        >>> times = pd.date_range("2020-01-01", periods=6, freq="6h")
+        >>> da = xr.DataArray(np.arange(6.0), dims="time", coords={"time": times})
+        >>> src = da.patch(time=xpatch.Forecast(inputs=["0h"], targets=["6h", "12h"])).to_grain()
+        >>> item = src[0]
+        >>> item["inputs"].tolist(), item["targets"].tolist()
+        ([0.0], [1.0, 2.0])
+        """
+        from xpatch.forecast.source import ForecastSource
+
+        options = {} if cache_bytes is None else {"cache_bytes": cache_bytes}
+        inner = self.patcher.to_grain(weights=False, **options)
+        return ForecastSource(self, inner)
+
+    def roles(self) -> tuple[list | None, list | None]:
+        """The variables of the inputs and of the targets (None: the whole object)."""
+        return self._input_variables, self._target_variables
+
+
+def _roles(obj: xr.DataArray | xr.Dataset, dim: Hashable, forecast: Forecast) -> tuple:
+    # The variables of each role of a Dataset (None: the DataArray itself).
+    if isinstance(obj, xr.DataArray):
+        if forecast.input_variables is not None or forecast.target_variables is not None:
+            raise OptionError(
+                "Forecast(input_variables=..., target_variables=...) choose variables of a "
+                "Dataset; this is a DataArray."
+            )
+        return None, None
+    names = list(obj.data_vars)
+    inputs = names if forecast.input_variables is None else list(forecast.input_variables)
+    targets = (
+        [v for v in names if dim in obj[v].dims]
+        if forecast.target_variables is None
+        else list(forecast.target_variables)
+    )
+    for argument, chosen in (("input_variables", inputs), ("target_variables", targets)):
+        absent = [v for v in chosen if v not in obj.data_vars]
+        if absent:
+            raise OptionError(
+                f"Forecast({argument}=...) names {absent!r}, not variables of the Dataset "
+                f"({names!r})."
+            )
+    timeless = [v for v in targets if dim not in obj[v].dims]
+    if timeless:
+        raise OptionError(
+            f"Forecast(target_variables=...) names {timeless!r}, which have no {dim!r} dim: "
+            "targets are taken at lead times; give static fields as inputs."
+        )
+    if not targets:
+        raise OptionError(f"the Dataset has no variable with the {dim!r} dim to forecast.")
+    return inputs, targets

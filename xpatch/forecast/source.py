@@ -1,0 +1,158 @@
+"""A Grain source of forecast samples: the window patches of a source, split by role.
+
+:class:`ForecastSource` serves what its inner :class:`~xpatch.grain.PatchSource`
+reads (each sample's time window, through the chunk cache) as
+``{"inputs", "targets", "origin", "anchor", "index"}``. Ordering, reading ahead and
+checkpoints are the inner source's: ``ds.pipe(src.chunk_shuffle, seed=...)`` decodes
+each chunk once per epoch, time chunks included.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from typing import Any
+
+import numpy as np
+from dask.base import tokenize
+
+from xpatch.core.chunk_cache import CacheStats
+from xpatch.grain.base import Source
+from xpatch.grain.source import PatchSource
+
+
+class ForecastSource(Source):
+    """Random access to forecast samples (build it with ``ForecastPatcher.to_grain()``).
+
+    Parameters
+    ----------
+    forecast
+        The :class:`~xpatch.forecast.patcher.ForecastPatcher` served.
+    inner
+        The source of its window patches (``forecast.patcher.to_grain(weights=False)``).
+    """
+
+    def __init__(self, forecast: Any, inner: PatchSource) -> None:
+        self._forecast = forecast
+        self._inner = inner
+        obj = forecast.patcher.obj
+        dim = forecast.dim
+        # Per served key, the axis of the forecast dim in its arrays (None: a static field).
+        self._single = not hasattr(obj, "data_vars")
+        if self._single:
+            self._axes = {"data": obj.dims.index(dim)}
+        else:
+            self._axes = {
+                name: (obj[name].dims.index(dim) if dim in obj[name].dims else None)
+                for name in inner.variables
+            }
+        self._roles = forecast.roles()
+        origins = len(forecast.plan.origins)
+        self._inputs = [forecast.relative_positions(o)[0] for o in range(origins)]
+        self._targets = [forecast.relative_positions(o)[1] for o in range(origins)]
+        self._origin_labels = forecast.origins.values
+        self._per_origin = forecast.spatial_count
+        self._fingerprint = None
+
+    # -- protocol -------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self._inner)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        """Sample ``index``: ``{"inputs", "targets", "origin", "anchor", "index"}``."""
+        item = self._inner[index]
+        position = int(item["index"])
+        origin = position // self._per_origin
+        inputs, targets = self._inputs[origin], self._targets[origin]
+        if self._single:
+            values = item["data"]
+            axis = self._axes["data"]
+            split = {
+                "inputs": np.take(values, inputs, axis=axis),
+                "targets": np.take(values, targets, axis=axis),
+            }
+        else:
+            input_names, target_names = self._roles
+            split = {
+                "inputs": {v: self._take(item, v, inputs) for v in input_names},
+                "targets": {v: self._take(item, v, targets) for v in target_names},
+            }
+        return {
+            **split,
+            "origin": self._origin_labels[origin],
+            "anchor": item["anchor"],
+            "index": item["index"],
+        }
+
+    def _take(self, item: dict, name: Hashable, positions: np.ndarray) -> np.ndarray:
+        axis = self._axes[str(name)]
+        values = item[str(name)]
+        return values if axis is None else np.take(values, positions, axis=axis)
+
+    def __repr__(self) -> str:
+        return f"xpatch.ForecastSource({len(self)} samples; {self._forecast!r})"
+
+    # -- what the inner source knows --------------------------------------------------
+
+    @property
+    def patcher(self) -> Any:
+        """The :class:`~xpatch.forecast.patcher.ForecastPatcher` served."""
+        return self._forecast
+
+    @property
+    def variables(self) -> tuple[str, ...]:
+        """The variables read (both roles)."""
+        return self._inner.variables
+
+    @property
+    def inner(self) -> PatchSource:
+        """The source of the samples' windows: reads, cache and order."""
+        return self._inner
+
+    def cache_stats(self) -> CacheStats:
+        """Chunk loads and hits of this process (the inner source's cache)."""
+        return self._inner.cache_stats()
+
+    def clear_cache(self) -> None:
+        """Drop the cached chunks and reset the counters."""
+        self._inner.clear_cache()
+
+    @property
+    def chunk_count(self) -> int:
+        """Number of input chunks."""
+        return self._inner.chunk_count
+
+    def chunk_of_patch(self) -> np.ndarray:  # noqa: D102 - the inner source's
+        return self._inner.chunk_of_patch()
+
+    def shuffle_groups(self) -> np.ndarray:  # noqa: D102 - the inner source's
+        return self._inner.shuffle_groups()
+
+    def touched_chunks(self) -> np.ndarray:  # noqa: D102 - the inner source's
+        return self._inner.touched_chunks()
+
+    def chunk_grids(self) -> list[tuple[int, ...]]:  # noqa: D102 - the inner source's
+        return self._inner.chunk_grids()
+
+    def sweep_settings(self, mix: int | None, ahead: int | None) -> tuple[int, int]:  # noqa: D102
+        return self._inner.sweep_settings(mix, ahead)
+
+    def read_ahead(self, chunk: int) -> None:  # noqa: D102 - the inner source's
+        self._inner.read_ahead(chunk)
+
+    def release(self, chunk: int, keep_frame: bool) -> None:  # noqa: D102 - the inner source's
+        self._inner.release(chunk, keep_frame)
+
+    def face_sweep(self, reversed_axes: list[tuple[bool, ...]]) -> None:  # noqa: D102
+        self._inner.face_sweep(reversed_axes)
+
+    def make_fingerprint(self) -> str:
+        """The window patches' fingerprint, the roles and every sample's label positions."""
+        return tokenize(
+            "xpatch.ForecastSource v1",
+            self._inner.fingerprint,
+            self._roles,
+            self._inputs,
+            self._targets,
+            self._origin_labels,
+        )[:16]
