@@ -78,7 +78,8 @@ def test_every_sample_equals_direct_selections_by_label_static_fields_in_the_inp
         history = [origin + pd.Timedelta(o) for o in HISTORY]
         lead = [origin + pd.Timedelta(o) for o in LEAD]
         xr.testing.assert_identical(sample["inputs"], data.sel(time=history).isel(box))
-        xr.testing.assert_identical(sample["targets"], data[["t2m", "z500"]].sel(time=lead).isel(box))
+        targets = data[["t2m", "z500"]].sel(time=lead).isel(box)
+        xr.testing.assert_identical(sample["targets"], targets)
 
 
 def test_the_grain_source_serves_the_same_samples_as_numpy_arrays():
@@ -205,11 +206,11 @@ def test_steps_along_a_dim_without_datetimes():
     ("call", "error", "match"),
     [
         (lambda d: d.patch(time=Forecast(inputs=[-1], targets=[1])), OptionError, "steps"),
-        (lambda d: d.patch(time=Forecast(inputs=["-5h"], targets=["6h"])), OptionError, "no origin"),
+        (lambda d: d.patch(time=Forecast(["-5h"], ["6h"])), OptionError, "no origin"),
         (lambda d: d.patch(time=Forecast(inputs=["x"], targets=["6h"])), OptionError, "timedeltas"),
         (lambda d: d.patch(time=Forecast(inputs=[], targets=["6h"])), OptionError, "at least one"),
         (
-            lambda d: d.patch(time=Forecast(inputs=["0h"], targets=["6h"]), lat=8, stride={"time": 2}),
+            lambda d: d.patch(time=Forecast(["0h"], ["6h"]), lat=8, stride={"time": 2}),
             OptionError,
             "stride",
         ),

@@ -28,7 +28,9 @@ _SPATIAL_OPTIONS = ("boundary", "sampler", "min_valid", "pad_value", "pad_mode",
 _OPTIONS = (*_SPATIAL_OPTIONS, "window")
 
 
-def forecast_dim(size: Mapping[Hashable, Any] | None, options: Mapping[str, Any]) -> Hashable | None:
+def forecast_dim(
+    size: Mapping[Hashable, Any] | None, options: Mapping[str, Any]
+) -> Hashable | None:
     """Return the dim given a :class:`Forecast` in ``size`` or ``options``, or None.
 
     Raises :class:`~xpatch.OptionError` when more than one dim is given one.
@@ -178,7 +180,7 @@ class ForecastPatcher:
         return window if variables is None else window[variables]
 
     def to_grain(self, *, cache_bytes: int | None = None) -> Any:
-        """A Grain source of the samples: ``{"inputs", "targets", "origin", "anchor", "index"}``.
+        """Return a Grain source of the samples: ``{inputs, targets, origin, anchor, index}``.
 
         Read through the patcher's source (chunk cache, ``chunk_shuffle``: each
         chunk decoded once per epoch). ``inputs`` and ``targets`` are arrays for a
@@ -190,7 +192,8 @@ class ForecastPatcher:
         >>> import numpy as np, pandas as pd, xarray as xr, xpatch
         >>> times = pd.date_range("2020-01-01", periods=6, freq="6h")
         >>> da = xr.DataArray(np.arange(6.0), dims="time", coords={"time": times})
-        >>> src = da.patch(time=xpatch.Forecast(inputs=["0h"], targets=["6h", "12h"])).to_grain()
+        >>> fc = da.patch(time=xpatch.Forecast(inputs=["0h"], targets=["6h", "12h"]))
+        >>> src = fc.to_grain()
         >>> item = src[0]
         >>> item["inputs"].tolist(), item["targets"].tolist()
         ([0.0], [1.0, 2.0])
@@ -202,7 +205,7 @@ class ForecastPatcher:
         return ForecastSource(self, inner)
 
     def roles(self) -> tuple[list | None, list | None]:
-        """The variables of the inputs and of the targets (None: the whole object)."""
+        """Return the variables of the inputs and of the targets (None: the whole object)."""
         return self._input_variables, self._target_variables
 
 

@@ -147,7 +147,7 @@ class ForecastSource(Source):
         self._inner.face_sweep(reversed_axes)
 
     def make_fingerprint(self) -> str:
-        """The window patches' fingerprint, the roles and every sample's label positions."""
+        """Hash the window patches' fingerprint, the roles and every sample's label positions."""
         return tokenize(
             "xpatch.ForecastSource v1",
             self._inner.fingerprint,
