@@ -89,3 +89,20 @@ def test_training_over_a_folder_of_scenes_resumes_exactly_and_writes_each_scene(
     ]
     # 24 batches of 8 patches: within one epoch each chunk is read about once.
     assert straight["loads"] <= 24
+
+
+def test_forecast_training_over_a_zarr_resumes_exactly_and_finds_the_dynamics(tmp_path):
+    pytest.importorskip("grain")
+    example = load("train_forecast")
+    data = ["--data", str(tmp_path / "archive.zarr")]
+    straight = example.main([*data, "--steps", "30", "--checkpoint", str(tmp_path / "a.pkl")])
+    first = example.main([*data, "--steps", "12", "--checkpoint", str(tmp_path / "b.pkl")])
+    resumed = example.main(
+        [*data, "--steps", "30", "--checkpoint", str(tmp_path / "b.pkl"), "--resume"]
+    )
+    assert first["losses"] + resumed["losses"] == straight["losses"]
+    np.testing.assert_array_equal(resumed["params"]["xtx"], straight["params"]["xtx"])
+    a, b, c = straight["coefficients"]
+    truth = example.TRUE
+    assert abs(a - truth["a"]) < 0.02 and abs(b - truth["b"]) < 0.02 and abs(c) < 0.05
+    assert straight["samples"] == 464 and straight["skipped"].count == 4
