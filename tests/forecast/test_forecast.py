@@ -247,3 +247,79 @@ def test_the_forecast_is_exported_and_the_repr_says_what_it_serves():
     fc = data.patch(time=xpatch.Forecast(inputs=HISTORY, targets=LEAD), lat=32, lon=64)
     assert "33 origins" in repr(fc) and "1 spatial patches" in repr(fc)
     assert "ForecastSource" in repr(fc.to_grain())
+
+
+# -- forecast inference to the grid ------------------------------------------------------
+
+
+def persistence(inputs: np.ndarray) -> np.ndarray:
+    """The last input time, as the forecast of every target."""
+    return inputs[:, -1:]
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+def test_persistence_puts_each_output_at_origin_plus_lead_equal_to_the_shifted_input(lazy):
+    data = era5_like()["t2m"]
+    obj = data.chunk({"time": 8, "lat": 16, "lon": 32}) if lazy else data
+    fc = obj.patch(time=Forecast(inputs=["-6h", "0h"], targets=["6h"]), lat=16, lon=32, stride=12)
+    out = fc.apply(persistence, batch_size=5)
+    assert out.dims == ("time", "lat", "lon")
+    valid = pd.DatetimeIndex(out.time.values)
+    origins = pd.DatetimeIndex(fc.origins.values)
+    assert list(valid) == list(origins + pd.Timedelta("6h"))
+    expected = data.sel(time=valid - pd.Timedelta("6h")).assign_coords(time=valid)
+    xr.testing.assert_allclose(out.compute(), expected, rtol=1e-6)
+    if lazy:
+        eager = data.patch(time=Forecast(["-6h", "0h"], ["6h"]), lat=16, lon=32, stride=12)
+        xr.testing.assert_allclose(out.compute(), eager.apply(persistence, batch_size=5))
+
+
+def test_a_rollout_gives_a_lead_dim_with_valid_times_and_builds_lazily():
+    data = era5_like()["z500"].chunk({"time": 8})
+    leads = pd.timedelta_range("6h", "18h", freq="6h")
+    fc = data.patch(time=Forecast(inputs=["0h"], targets=leads), lat=16, lon=16)
+    computed = []
+
+    class Count(dask.callbacks.Callback):
+        def _start(self, dsk):
+            computed.append(len(dsk))
+
+    with Count():
+        out = fc.apply(lambda x: np.repeat(x, 3, axis=1) + np.arange(3)[None, :, None, None])
+    assert computed == []
+    assert out.dims == ("time", "lead", "lat", "lon")
+    assert list(out.lead.values) == list(leads.to_numpy())
+    first = pd.Timestamp(out.time.values[0])
+    assert pd.Timestamp(out.valid_time.values[0, 2]) == first + pd.Timedelta("18h")
+    np.testing.assert_allclose(out.isel(time=0, lead=2).values, data.sel(time=first).values + 2)
+
+
+def test_a_model_returning_the_wrong_shape_is_told_what_a_forecast_needs():
+    data = era5_like()["t2m"]
+    fc = data.patch(time=Forecast(["-6h", "0h"], ["6h"]), lat=16, lon=32)
+    with pytest.raises(xpatch.PredictionError, match=r"needs \(\d+, 1, 16, 32\)"):
+        fc.apply(lambda x: x)
+    with pytest.raises(OptionError, match="DataArray"):
+        era5_like().patch(time=Forecast(["0h"], ["6h"])).apply(persistence)
+    with pytest.raises(OptionError, match="output_dims"):
+        fc.apply(persistence, output_dims={"lead": 1})
+
+
+def test_other_dims_are_carried_through_the_model_whole_field_or_patches():
+    data = era5_like()["t2m"]
+    levels = xr.concat([data, data + 1000], dim="level").transpose("time", "lat", "level", "lon")
+    shapes = {"whole": (1, 32, 2, 64), "patches": (1, 2, 16, 16)}  # after the batch axis
+    for kind, spatial in (("whole", {}), ("patches", {"lat": 16, "lon": 16})):
+        fc = levels.patch(time=Forecast(["0h"], ["6h"]), **spatial)
+        seen = []
+
+        def model(inputs, seen=seen):
+            seen.append(inputs.shape)
+            return inputs
+
+        out = fc.apply(model)
+        assert out.dims == levels.dims
+        assert seen[-1][1:] == shapes[kind]
+        valid = pd.DatetimeIndex(out.time.values)
+        expected = levels.sel(time=valid - pd.Timedelta("6h")).assign_coords(time=valid)
+        xr.testing.assert_allclose(out, expected)

@@ -11,13 +11,13 @@ sample is that window's patch, split into the labels of its inputs and its targe
 from __future__ import annotations
 
 import operator
-from collections.abc import Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
 import numpy as np
 import xarray as xr
 
-from xpatch.core.errors import DimensionError, OptionError
+from xpatch.core.errors import DimensionError, OptionError, PredictionError
 from xpatch.core.samplers import Anchors
 from xpatch.forecast.stencil import Forecast, OriginPlan, SkippedOrigins, plan_origins
 from xpatch.patcher import Patcher
@@ -132,6 +132,7 @@ class ForecastPatcher:
         sizes = {dim: self.plan.window, **spatial}
         self.patcher = Patcher(obj, sizes, stride, **inner_options)
         self._starts = starts
+        self._spatial = (spatial, stride, spatial_options, options.get("window"))
 
     def __len__(self) -> int:
         return len(self._starts) * self.spatial_count
@@ -203,6 +204,99 @@ class ForecastPatcher:
         options = {} if cache_bytes is None else {"cache_bytes": cache_bytes}
         inner = self.patcher.to_grain(weights=False, **options)
         return ForecastSource(self, inner)
+
+    def apply(self, fn: Callable, batch_size: int = 64, **options: Any) -> xr.DataArray:
+        """Run a forecast model over every sample and put its outputs on the grid.
+
+        ``fn(inputs) -> targets`` takes numpy batches ``(b, inputs, *carried, *patch)``
+        (``inputs`` the input times in order; ``carried`` the input's other dims that are
+        not patched, the whole field's without spatial sizes; ``patch`` the spatial
+        patch) and returns ``(b, targets, *carried, *patch)``: the input times replaced
+        by the target times. Overlapping spatial patches blend as
+        :meth:`xpatch.Patcher.apply` blends them, lazily for lazy input.
+
+        Returns
+        -------
+        xarray.DataArray
+            One target: the input's dims, each result at its origin + lead on the time
+            axis (the valid time). Several (a rollout): dims ``(time, lead, ...)``,
+            ``time`` the origin, ``lead`` the offsets, and a ``valid_time`` coordinate
+            (origin + lead).
+
+        Other Parameters
+        ----------------
+        batch_size, **options
+            As :meth:`xpatch.Patcher.apply` takes them (``dtype``, ``reduce``,
+            ``out_dtype``, ``nodata``, ``pad_batch``, ``task_memory``); the output's
+            dims are the forecast's, not an option.
+
+        Examples
+        --------
+        >>> import numpy as np, pandas as pd, xarray as xr, xpatch
+        >>> times = pd.date_range("2020-01-01", periods=5, freq="6h")
+        >>> da = xr.DataArray(np.arange(5.0), dims="time", coords={"time": times})
+        >>> fc = da.patch(time=xpatch.Forecast(inputs=["-6h", "0h"], targets=["6h"]))
+        >>> out = fc.apply(lambda inputs: inputs[:, -1:])  # persistence
+        >>> out.time.dt.hour.values.tolist(), out.values.tolist()
+        ([12, 18, 0], [1.0, 2.0, 3.0])
+        """
+        obj = self.patcher.obj
+        if not isinstance(obj, xr.DataArray):
+            raise OptionError(
+                "ForecastPatcher.apply runs a model over a DataArray; pick or stack the "
+                "variables first (ds['t2m'].patch(time=Forecast(...)), or ds.to_dataarray())."
+            )
+        for option in ("output_dims", "scale", "weights"):
+            if option in options:
+                raise OptionError(
+                    f"{option}= is not an option of a forecast's apply: its outputs are "
+                    "the targets, one per lead, on the input's grid."
+                )
+        origin, history = "__xpatch_origin__", "__xpatch_inputs__"
+        positions = xr.DataArray(self.plan.inputs, dims=(origin, history))
+        stacked = obj.isel({self.dim: positions}).drop_vars(self.dim, errors="ignore")
+        stacked = stacked.transpose(origin, history, ...)
+        spatial, stride, spatial_options, window = self._spatial
+        strides = {origin: 1}
+        if isinstance(stride, Mapping):
+            strides.update(stride)
+        elif stride is not None:
+            strides.update(dict.fromkeys(spatial, stride))
+        if window is not None:
+            spatial_options = {**spatial_options, "window": window}
+        spatial_options.pop("sampler", None)
+        spatial_options.pop("min_valid", None)
+        grid = Patcher(stacked, {origin: 1, **spatial}, strides, **spatial_options)
+        leads = self.plan.targets.shape[1]
+        carried = {d: stacked.sizes[d] for d in stacked.dims[2:] if d not in spatial}
+        axis = 2 + len(carried)  # the size-1 origin axis in fn's batch, after the carried
+
+        def per_origin(batch: np.ndarray) -> np.ndarray:
+            inputs = np.take(batch, 0, axis=axis)
+            result = np.asarray(fn(inputs))
+            expected = (len(batch), leads, *inputs.shape[2:])
+            if result.shape != expected:
+                raise PredictionError(
+                    f"fn returned a batch of shape {result.shape}; a forecast of {leads} "
+                    f"target time(s) needs {expected}: the input times replaced by the "
+                    "target times, every other dim kept."
+                )
+            return np.expand_dims(result, axis=axis)
+
+        lead = "lead"
+        output_dims = {lead: leads, **carried}
+        out = grid.apply(per_origin, batch_size, output_dims=output_dims, **options)
+        out = out.rename({origin: self.dim})
+        others = [d for d in obj.dims if d != self.dim]
+        if leads == 1:
+            valid = self._labels[self.plan.targets[:, 0]]
+            out = out.isel({lead: 0}).assign_coords({self.dim: valid})
+            return out.transpose(*obj.dims)
+        out = out.assign_coords(
+            {self.dim: self._labels[self.plan.origins], lead: self.plan.target_offsets}
+        )
+        out = out.assign_coords(valid_time=((self.dim, lead), self._labels[self.plan.targets]))
+        return out.transpose(self.dim, lead, *others)
 
     def roles(self) -> tuple[list | None, list | None]:
         """Return the variables of the inputs and of the targets (None: the whole object)."""

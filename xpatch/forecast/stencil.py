@@ -97,6 +97,8 @@ class OriginPlan:
     inputs: np.ndarray
     targets: np.ndarray
     skipped: SkippedOrigins
+    #: The targets' offsets from the origin (timedelta64[ns], or int64 steps).
+    target_offsets: np.ndarray
 
     @property
     def window(self) -> int:
@@ -200,6 +202,7 @@ def plan_origins(coordinate: Any, dim: Hashable, forecast: Forecast) -> OriginPl
         inputs=positions[:, : len(inputs)],
         targets=positions[:, len(inputs) :],
         skipped=skipped,
+        target_offsets=targets,
     )
 
 
