@@ -13,8 +13,8 @@ ends, both sides of the gap) are skipped and counted. The model is linear per ce
 
 A run saves the parameters and the Grain iterator's state; ``--resume`` continues
 with exactly the next batch: ``--steps 30`` in one go equals ``--steps 12`` then
-``--steps 30 --resume``, and the fit finds the archive's dynamics. Run ``python examples/train_forecast.py`` (needs
-``pip install "xarray-patch[grain]"``).
+``--steps 30 --resume``, and the fit finds the archive's dynamics. Run
+``python examples/train_forecast.py`` (needs ``pip install "xarray-patch[grain]"``).
 """
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ def step(params: dict, batch: dict) -> tuple[dict, float]:
 
 
 def train(steps: int, archive: Path, checkpoint: Path, resume: bool) -> tuple[dict, list]:
-    fc, src = samples(archive)
+    _, src = samples(archive)
     iterator = iter(pipeline(src))
     done, params = 0, {"xtx": np.zeros((3, 3)), "xty": np.zeros(3), "count": 0}
     if resume:
