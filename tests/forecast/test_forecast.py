@@ -323,3 +323,24 @@ def test_other_dims_are_carried_through_the_model_whole_field_or_patches():
         valid = pd.DatetimeIndex(out.time.values)
         expected = levels.sel(time=valid - pd.Timedelta("6h")).assign_coords(time=valid)
         xr.testing.assert_allclose(out, expected)
+
+
+def test_forecast_samples_from_a_zarr_through_two_worker_processes_equal_one_process(tmp_path):
+    lazy = era5_like(tmp_path)
+    fc = lazy.patch(time=Forecast(inputs=HISTORY, targets=LEAD), lat=16, lon=32, stride=16)
+    src = fc.to_grain()
+    pipeline = (
+        grain.MapDataset.source(src)
+        .pipe(src.chunk_shuffle, seed=1, worker_count=2, batch_size=8)
+        .batch(8)
+        .to_iter_dataset()
+    )
+
+    def summary(iterator):
+        return [(b["index"].tolist(), float(b["targets"]["t2m"].sum())) for b in iterator]
+
+    single = summary(pipeline)
+    iterator = iter(pipeline.mp_prefetch(grain.MultiprocessingOptions(num_workers=2)))
+    assert summary(iterator) == single
+    iterator.close()
+    assert sorted(i for indices, _ in single for i in indices) == list(range(len(src)))

@@ -278,3 +278,26 @@ def test_no_credentials_is_an_output_error_naming_the_url_and_the_fix(
     message = str(caught.value)
     assert f"cannot write {url!r}: the object store found no credentials" in message, message
     assert "AWS_ACCESS_KEY_ID" in message and "storage_options=" in message, message
+
+
+def test_a_grain_epoch_over_a_zarr_on_s3_reads_each_chunk_once_past_zarrs_event_loop(
+    options, prefix
+):
+    grain = pytest.importorskip("grain")
+    from xpatch.grain.zarr_chunks import ZarrChunks
+
+    values = np.random.default_rng(2).integers(0, 1000, (3, 64, 48)).astype("uint16")
+    data = xr.Dataset({"image": (("band", "y", "x"), values)})
+    url = f"s3://{prefix}/scene.zarr"
+    encoding = {"image": {"chunks": (3, 16, 16)}}
+    data.to_zarr(url, storage_options=options, encoding=encoding, zarr_format=3)
+    image = xr.open_zarr(url, storage_options=options)["image"]
+    src = image.patch(y=12, x=12, stride=10).to_grain(weights=False)
+    assert isinstance(src.reader.plans[0].stored, ZarrChunks)
+    seen = 0
+    for item in grain.MapDataset.source(src).pipe(src.chunk_shuffle, seed=0):
+        y, x = item["anchor"]
+        np.testing.assert_array_equal(item["data"], values[:, y : y + 12, x : x + 12])
+        seen += 1
+    assert seen == len(src)
+    assert src.cache_stats().loads == src.chunk_count
