@@ -226,6 +226,11 @@ def test_steps_along_a_dim_without_datetimes():
         ),
         (lambda d: d.patch(level=Forecast(["0h"], ["6h"])), DimensionError, "level"),
         (
+            lambda d: d.patch(time=Forecast(["0h"], ["6h"]), lat=8, halo={"time": 1}),
+            OptionError,
+            "halo",
+        ),
+        (
             lambda d: d.patch(time=Forecast(["0h"], ["6h"]), lat=Forecast(["0h"], ["6h"])),
             OptionError,
             "one dim",
@@ -344,3 +349,12 @@ def test_forecast_samples_from_a_zarr_through_two_worker_processes_equal_one_pro
     assert summary(iterator) == single
     iterator.close()
     assert sorted(i for indices, _ in single for i in indices) == list(range(len(src)))
+
+
+def test_a_halo_grows_the_spatial_patches_of_a_sample_not_its_times():
+    data = era5_like()["t2m"]
+    fc = data.patch(
+        time=Forecast(HISTORY, LEAD), lat=16, lon=16, halo=2, boundary="pad", pad_mode="edge"
+    )
+    sample = fc[0]
+    assert sample["inputs"].shape == (2, 20, 20) and sample["targets"].shape == (1, 20, 20)

@@ -103,6 +103,12 @@ class ForecastPatcher:
                 "samples start at every valid origin. Leave it out (Forecast(origins=...) "
                 "chooses them)."
             )
+        halo = options.get("halo")
+        if isinstance(halo, Mapping) and dim in halo:
+            raise OptionError(
+                f"halo={dict(halo)!r} grows the forecast dim {dim!r}: a halo is for the "
+                "spatial dims; the forecast's offsets say which times a sample reads."
+            )
         unknown = set(options) - set(_OPTIONS)
         if unknown:
             raise OptionError(f"unknown option(s) {sorted(unknown)!r} for a forecast layout.")
