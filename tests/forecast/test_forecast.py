@@ -358,3 +358,34 @@ def test_a_halo_grows_the_spatial_patches_of_a_sample_not_its_times():
     )
     sample = fc[0]
     assert sample["inputs"].shape == (2, 20, 20) and sample["targets"].shape == (1, 20, 20)
+
+
+def test_a_rollout_through_a_halo_is_exact_away_from_the_seam():
+    times = pd.date_range("2021-01-01", periods=12, freq="6h")
+    lon = np.arange(64) * 5.625
+    lat = np.linspace(60, -60, 24)
+    base = np.sin(np.deg2rad(lon))[None, :] * np.cos(np.deg2rad(lat))[:, None]
+    fields = np.stack([np.roll(base, t, axis=1) for t in range(12)])  # one cell east per 6 h
+    da = xr.DataArray(
+        fields, dims=("time", "lat", "lon"), coords={"time": times, "lat": lat, "lon": lon}
+    )
+    leads = pd.timedelta_range("6h", "18h", freq="6h")
+    fc = da.chunk({"lat": 12, "lon": 32}).patch(
+        time=Forecast(inputs=["0h"], targets=leads),
+        lat=12,
+        lon=16,
+        stride=8,
+        halo=3,
+        boundary="pad",
+        pad_mode="edge",
+    )
+
+    def advect(inputs):  # the grown patch in, the grown patch out: xpatch crops it
+        return np.concatenate([np.roll(inputs, k, axis=-1) for k in (1, 2, 3)], axis=1)
+
+    out = fc.apply(advect).compute()
+    for i, origin in enumerate(pd.DatetimeIndex(out.time.values)):
+        truth = da.sel(time=origin + leads).values
+        error = np.abs(out.isel(time=i).values - truth)
+        assert error[..., 3:].max() < 1e-12  # wrong only where the halo reaches past lon 0
+        assert error[..., :3].max() > 0.01

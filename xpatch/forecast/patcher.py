@@ -272,6 +272,8 @@ class ForecastPatcher:
             spatial_options = {**spatial_options, "window": window}
         spatial_options.pop("sampler", None)
         spatial_options.pop("min_valid", None)
+        if isinstance(spatial_options.get("halo"), int):  # not along the origins
+            spatial_options["halo"] = dict.fromkeys(spatial, spatial_options["halo"])
         grid = Patcher(stacked, {origin: 1, **spatial}, strides, **spatial_options)
         leads = self.plan.targets.shape[1]
         carried = {d: stacked.sizes[d] for d in stacked.dims[2:] if d not in spatial}
