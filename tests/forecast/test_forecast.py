@@ -225,6 +225,12 @@ def test_steps_along_a_dim_without_datetimes():
             "rain",
         ),
         (lambda d: d.patch(level=Forecast(["0h"], ["6h"])), DimensionError, "level"),
+        (lambda d: d.patch(8, time=Forecast(["0h"], ["6h"])), OptionError, "given twice"),
+        (
+            lambda d: d.patch({"lat": 8}, time=Forecast(["0h"], ["6h"])),
+            OptionError,
+            "given twice",
+        ),
         (
             lambda d: d.patch(time=Forecast(["0h"], ["6h"]), lat=8, halo={"time": 1}),
             OptionError,
@@ -249,6 +255,8 @@ def test_bad_forecasts_are_refused_naming_the_argument(call, error, match):
 
 def test_the_forecast_is_exported_and_the_repr_says_what_it_serves():
     data = era5_like()
+    in_size = data.patch({"time": Forecast(HISTORY, LEAD), "lat": 16})
+    assert len(in_size) == 33 * 2
     fc = data.patch(time=xpatch.Forecast(inputs=HISTORY, targets=LEAD), lat=32, lon=64)
     assert "33 origins" in repr(fc) and "1 spatial patches" in repr(fc)
     assert "ForecastSource" in repr(fc.to_grain())
@@ -389,3 +397,16 @@ def test_a_rollout_through_a_halo_is_exact_away_from_the_seam():
         error = np.abs(out.isel(time=i).values - truth)
         assert error[..., 3:].max() < 1e-12  # wrong only where the halo reaches past lon 0
         assert error[..., :3].max() > 0.01
+
+
+def test_a_datasets_variables_opened_in_another_order_keep_the_fingerprint(tmp_path):
+    # xarray can open a zarr's variables in another order from one open to the next.
+    lazy = era5_like(tmp_path)
+    turned = lazy[list(reversed(list(lazy.data_vars)))]
+    forecast = Forecast(inputs=HISTORY, targets=LEAD)
+    first = lazy.patch(time=forecast, lat=16, lon=32).to_grain()
+    second = turned.patch(time=forecast, lat=16, lon=32).to_grain()
+    assert first.fingerprint == second.fingerprint
+    assert list(first[0]["inputs"]) == list(second[0]["inputs"])
+    plain = lazy.patch(lat=16, lon=32).to_grain()
+    assert plain.fingerprint == turned.patch(lat=16, lon=32).to_grain().fingerprint

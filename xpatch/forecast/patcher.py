@@ -21,6 +21,7 @@ from xpatch.core.errors import DimensionError, OptionError, PredictionError
 from xpatch.core.samplers import Anchors
 from xpatch.forecast.stencil import Forecast, OriginPlan, SkippedOrigins, plan_origins
 from xpatch.patcher import Patcher
+from xpatch.xarray.layout import size_mapping
 
 #: Layout options that concern the spatial patches only.
 _SPATIAL_OPTIONS = ("boundary", "sampler", "min_valid", "pad_value", "pad_mode", "halo")
@@ -40,7 +41,7 @@ def forecast_dim(
     >>> forecast_dim(None, {"time": Forecast(inputs=["0h"], targets=["6h"]), "x": 4})
     'time'
     """
-    given = {**dict(size or {}), **options}
+    given = {**(dict(size) if isinstance(size, Mapping) else {}), **options}
     dims = [d for d, v in given.items() if isinstance(v, Forecast)]
     if len(dims) > 1:
         raise OptionError(
@@ -56,7 +57,8 @@ def forecast_layout(
     options: Mapping[str, Any],
 ) -> ForecastPatcher:
     """Build the :class:`ForecastPatcher` of an ``obj.patch(...)`` call given a Forecast."""
-    given = {**dict(size or {}), **{k: v for k, v in options.items() if k not in _OPTIONS}}
+    sizes = {k: v for k, v in options.items() if k not in _OPTIONS}
+    given = size_mapping(size, sizes)  # the errors of Patcher's: given twice, not a mapping
     dim = forecast_dim(given, {})
     spatial = {d: v for d, v in given.items() if d != dim}
     layout_options = {k: v for k, v in options.items() if k in _OPTIONS}
@@ -320,7 +322,8 @@ def _roles(obj: xr.DataArray | xr.Dataset, dim: Hashable, forecast: Forecast) ->
                 "Dataset; this is a DataArray."
             )
         return None, None
-    names = list(obj.data_vars)
+    # By name unless given: xarray may open a zarr's variables in another order each time.
+    names = sorted(obj.data_vars, key=str)
     inputs = names if forecast.input_variables is None else list(forecast.input_variables)
     targets = (
         [v for v in names if dim in obj[v].dims]

@@ -339,7 +339,8 @@ class PatchSource(Source):
 
         It covers the patched dims, size, stride, boundary, window,
         ``pad_value`` and ``pad_mode``; the sampler's kind and its anchors in order (``min_valid``
-        acts through them); the variables served (names, dims, shapes, dtypes);
+        acts through them); the variables served (names, dims, shapes, dtypes; not
+        their order, which xarray may change from one open of a zarr to the next);
         ``transform=True``; whether :meth:`chunk_shuffle` serves straddling patches
         with their last chunk (:meth:`shuffle_groups`, which ``cache_bytes`` decides);
         and each variable's data token: the graph's name for
@@ -365,10 +366,15 @@ class PatchSource(Source):
         False
         """
         p, g = self._layout, self._layout.geometry
-        variables = [
-            (v.name, v.var.dims, v.var.shape, str(v.dtype), v.pad_value, data_token(v.var))
-            for v in self._plans
-        ]
+        # By name: xarray opens a zarr's variables in an order that can change from one
+        # open to the next (zarr lists a group's members as they answer).
+        variables = sorted(
+            (
+                (v.name, v.var.dims, v.var.shape, str(v.dtype), v.pad_value, data_token(v.var))
+                for v in self._plans
+            ),
+            key=lambda entry: str(entry[0]),
+        )
         # Files opened without dask chunks (not in memory): zarr names its path on the Dataset.
         unread = [v for v in self._plans if not (v.lazy or getattr(v.var, "_in_memory", 1))]
         # The pad mode only when not the default: older fingerprints stay valid.
