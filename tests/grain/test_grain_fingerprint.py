@@ -399,3 +399,18 @@ def test_a_checkpoint_from_before_the_sweep_resumes_with_order_chunk_and_says_so
     with pytest.raises(xpatch.OptionError) as refused:
         iter(pipeline(mix=3)).set_state(swept.get_state())
     assert "order='chunk'" not in str(refused.value)
+
+
+def test_variables_chunked_differently_plan_the_same_chunks_in_any_order():
+    # xarray can open a zarr's variables in another order from one open to the next.
+    values = np.random.default_rng(0).random((32, 64))
+    mixed = xr.Dataset(
+        {
+            "a": xr.DataArray(values, dims=("y", "x")).chunk({"y": 8}),
+            "b": xr.DataArray(values + 1, dims=("y", "x")).chunk({"y": 16}),
+        }
+    )
+    one = mixed.patch(y=8, x=16).to_grain()
+    other = mixed[["b", "a"]].patch(y=8, x=16).to_grain()
+    assert one.chunk_grids() == other.chunk_grids()
+    assert one.fingerprint == other.fingerprint

@@ -93,12 +93,14 @@ def data_token(var: xr.Variable) -> str:
 def plan_grid(variables: Mapping[Hashable, xr.Variable], dims, shape) -> ChunkGrid:
     """Return the chunk grid to plan on: the input's dask chunks, else dask's auto chunks.
 
-    Per patched dim, the chunks of the first dask-backed variable that has it
-    (one chunk where none has); for input in memory, the grid that
-    ``chunks="auto"`` would give the largest variable.
+    Per patched dim, the chunks of the first dask-backed variable by name that has
+    it (one chunk where none has; by name, as xarray may open a zarr's variables in
+    another order each time); for input in memory, the grid that ``chunks="auto"``
+    would give the largest variable.
     """
     chunks: dict[Hashable, tuple[int, ...]] = {}
-    for var in variables.values():
+    for name in sorted(variables, key=str):
+        var = variables[name]
         if is_dask_backed(var):
             for d in dims:
                 if d in var.dims and d not in chunks:
