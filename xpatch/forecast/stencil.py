@@ -137,7 +137,8 @@ def _offsets(values: Any, argument: str, is_time: bool) -> tuple[np.ndarray, lis
     if not all(isinstance(v, int | np.integer) and not isinstance(v, bool) for v in values):
         raise OptionError(
             f"Forecast({argument}={values!r}) must be integer steps: the dim has no "
-            "datetime coordinate to measure timedeltas on."
+            "datetime64 coordinate to measure timedeltas on (a cftime calendar's labels "
+            "are not read as times: give steps, e.g. inputs=[-1, 0], targets=[1])."
         )
     return np.asarray(values, dtype=np.int64), [f"{int(v):+d} steps" for v in values]
 
