@@ -51,7 +51,7 @@ ROOMS: tuple[tuple[str, ...], ...] = (
     ("xpatch.xarray",),
     ("xpatch.grain", "xpatch.io"),
     ("xpatch.patcher",),
-    ("xpatch.forecast",),
+    ("xpatch.forecast", "xpatch.periodic"),
     ("xpatch.accessor", "xpatch.scenes", "xpatch.tree"),
     ("xpatch.cli",),
     ("xpatch", "xpatch.__main__", "xpatch.scene_source", "xpatch.tree_grain"),

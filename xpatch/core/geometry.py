@@ -45,6 +45,14 @@ def as_positive_int(value: object, argument: str) -> int:
 
 def check_boundary(boundary: object) -> Boundary:
     """Return ``boundary`` if it is a known mode, else raise listing the valid ones."""
+    periodic = boundary == "periodic" or (
+        isinstance(boundary, Mapping) and "periodic" in boundary.values()
+    )
+    if periodic:
+        raise OptionError(
+            f"boundary={boundary!r}: periodic dims are laid out by the accessor, "
+            "obj.patch(..., boundary={'lon': 'periodic'}), not by Patcher or xpatch.patch."
+        )
     return check_choice("boundary", boundary, BOUNDARIES)  # type: ignore[return-value]
 
 
