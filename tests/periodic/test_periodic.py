@@ -218,3 +218,12 @@ def test_results_that_differ_per_patch_blend_with_the_weights_of_every_patch_acr
 def test_the_functional_spelling_says_that_periodic_dims_take_the_accessor():
     with pytest.raises(OptionError, match="accessor"):
         xpatch.patch(global_field(), lon=8, boundary={"lon": "periodic"})
+
+
+def test_a_dataset_round_trips_across_the_seam():
+    field = global_field()
+    data = xr.Dataset({"t": field, "mask": field.isel(level=0) > 0})
+    p = data.patch(lat=12, lon=16, stride=12, boundary={"lon": "periodic"})
+    out = p.reconstruct(p.patches())
+    xr.testing.assert_allclose(out["t"], field)
+    np.testing.assert_array_equal(out["mask"].values, (field.isel(level=0) > 0).values)
