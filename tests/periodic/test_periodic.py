@@ -227,3 +227,22 @@ def test_a_dataset_round_trips_across_the_seam():
     out = p.reconstruct(p.patches())
     xr.testing.assert_allclose(out["t"], field)
     np.testing.assert_array_equal(out["mask"].values, (field.isel(level=0) > 0).values)
+
+
+def test_the_bounds_of_a_patch_across_the_seam_go_on_past_the_last_label():
+    field = global_field().rename(lat="y", lon="x")
+    p = field.patch(y=24, x=16, stride=12, boundary={"x": "periodic"})
+    left, _, right, _ = p.bounds().values[len(p) - 1]
+    step = 5.625
+    assert left == pytest.approx(60 * step - step / 2)
+    assert right == pytest.approx((60 + 16) * step - step / 2)  # past 360
+    assert right > 360
+
+
+def test_a_boundary_per_dim_is_taken_when_the_dims_share_one_mode():
+    field = global_field()
+    mapped = field.patch(lat=8, lon=24, stride=12, boundary={"lat": "pad", "lon": "pad"})
+    assert mapped.boundary == "pad"
+    assert len(mapped) == len(field.patch(lat=8, lon=24, stride=12, boundary="pad"))
+    with pytest.raises(OptionError, match="different modes"):
+        field.patch(lat=8, lon=24, boundary={"lat": "pad"})  # lon takes "shift"

@@ -191,6 +191,18 @@ class PeriodicPatcher:
         """All patches along a leading ``"patch"`` dim (see :meth:`xpatch.Patcher.patches`)."""
         return self.patcher.patches()
 
+    def bounds(self) -> xr.DataArray:
+        """Extent of every patch in map units (see :meth:`xpatch.Patcher.bounds`).
+
+        Across the seam the extent goes on past the last label, as the patch's
+        labels do (a patch from 337.5 to 427.5 degrees east, say).
+        """
+        return self.patcher.bounds()
+
+    def transforms(self) -> xr.DataArray:
+        """Affine transform of every patch (see :meth:`xpatch.Patcher.transforms`)."""
+        return self.patcher.transforms()
+
     def to_grain(self, **options: Any) -> Any:
         """Return a Grain source of the patches (:meth:`xpatch.Patcher.to_grain`'s options)."""
         return self.patcher.to_grain(**options)

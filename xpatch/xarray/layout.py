@@ -184,7 +184,7 @@ class Layout(Generic[T]):
             raise DimensionError(
                 f"no data variable of the Dataset has any of the patched dimensions {list(dims)!r}."
             )
-        boundary = options.boundary
+        boundary = one_boundary(options.boundary, dims)
         geometry = Geometry.build({d: obj.sizes[d] for d in dims}, size, stride, boundary)
         window_array = make_window(options.window, geometry.dims, geometry.size)
         sampler = RegularGrid() if options.sampler is None else options.sampler
@@ -333,6 +333,35 @@ def check_pad_modes(
     if len(set(modes.values())) == 1:
         return next(iter(modes.values()))
     return modes
+
+
+def one_boundary(boundary: object, dims: tuple[Hashable, ...]) -> object:
+    """Return the one mode a ``{dim: mode}`` boundary gives every patched dim (default shift).
+
+    A mode per dim is taken when they are all the same; a periodic dim is left to
+    :func:`~xpatch.core.geometry.check_boundary`, which names the accessor.
+
+    Examples
+    --------
+    >>> one_boundary({"y": "pad", "x": "pad"}, ("y", "x")), one_boundary("drop", ("y",))
+    ('pad', 'drop')
+    """
+    if not isinstance(boundary, Mapping):
+        return boundary
+    unknown = [d for d in boundary if d not in dims]
+    if unknown:
+        raise DimensionError(
+            f"boundary={dict(boundary)!r} names {unknown!r}, which are not patched dims "
+            f"{list(dims)!r}."
+        )
+    modes = {boundary.get(d, "shift") for d in dims}
+    if "periodic" in modes or len(modes) == 1:
+        return boundary if "periodic" in modes else modes.pop()
+    raise OptionError(
+        f"boundary={dict(boundary)!r} gives the patched dims different modes "
+        f"{sorted(map(str, modes))!r}: give them one (dims left out take 'shift'); only "
+        "periodic dims may differ: boundary={'lon': 'periodic', 'lat': 'shift'}."
+    )
 
 
 def check_halo(halo: object, dims: tuple[Hashable, ...]) -> tuple[int, ...]:
