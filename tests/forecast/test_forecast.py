@@ -410,3 +410,25 @@ def test_a_datasets_variables_opened_in_another_order_keep_the_fingerprint(tmp_p
     assert list(first[0]["inputs"]) == list(second[0]["inputs"])
     plain = lazy.patch(lat=16, lon=32).to_grain()
     assert plain.fingerprint == turned.patch(lat=16, lon=32).to_grain().fingerprint
+
+
+def test_forcings_come_at_the_targets_times_beside_the_inputs():
+    data = era5_like().assign(toa=lambda d: d["t2m"] * 0 + d["time"].dt.hour)
+    forecast = Forecast(
+        inputs=HISTORY,
+        targets=LEAD,
+        input_variables=["t2m", "orography"],
+        target_variables=["t2m"],
+        forcing_variables=["toa"],
+    )
+    fc = data.patch(time=forecast, lat=16, lon=32)
+    sample = fc[4]
+    lead = pd.Timestamp(sample["origin"]) + pd.Timedelta("6h")
+    assert list(sample["forcings"].data_vars) == ["toa"]
+    assert float(sample["forcings"]["toa"].isel(time=0, lat=0, lon=0)) == lead.hour
+    assert set(sample["inputs"].data_vars) == {"t2m", "orography"}
+    item = fc.to_grain()[4]
+    np.testing.assert_array_equal(item["forcings"]["toa"], sample["forcings"]["toa"].values)
+    assert "forcings" not in data.patch(time=Forecast(HISTORY, LEAD), lat=16).to_grain()[0]
+    with pytest.raises(OptionError, match="forcing_variables"):
+        data.patch(time=Forecast(HISTORY, LEAD, forcing_variables=["orography"]), lat=16)

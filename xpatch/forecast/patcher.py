@@ -120,7 +120,7 @@ class ForecastPatcher:
         self.plan: OriginPlan = plan_origins(coordinate, dim, forecast)
         self._labels = np.asarray(coordinate)
         roles = _roles(obj, dim, forecast)
-        self._input_variables, self._target_variables = roles
+        self._input_variables, self._target_variables, self._forcing_variables = roles
         spatial_options = {k: v for k, v in options.items() if k in _SPATIAL_OPTIONS}
         if spatial := dict(size):
             grid = Patcher(obj, spatial, stride, **spatial_options)
@@ -169,7 +169,7 @@ class ForecastPatcher:
         return self.plan.inputs[origin] - start, self.plan.targets[origin] - start
 
     def __getitem__(self, index: int) -> dict[str, Any]:
-        """Sample ``index``: ``{"inputs", "targets", "origin"}``, lazy for lazy input."""
+        """Sample ``index``: ``{"inputs", "targets", "origin"}`` (and ``"forcings"``), lazy."""
         position = operator.index(index)
         if not -len(self) <= position < len(self):
             raise IndexError(f"sample index {position} is out of range for {len(self)} samples.")
@@ -177,13 +177,16 @@ class ForecastPatcher:
         window = self.patcher[position]
         origin = position // self.spatial_count
         inputs, targets = self.relative_positions(origin)
-        return {
+        sample = {
             "inputs": self._role(window, self._input_variables).isel(
                 {self.dim: inputs}, missing_dims="ignore"
             ),
             "targets": self._role(window, self._target_variables).isel({self.dim: targets}),
             "origin": self._labels[self.plan.origins[origin]],
         }
+        if self._forcing_variables:
+            sample["forcings"] = window[self._forcing_variables].isel({self.dim: targets})
+        return sample
 
     def _role(self, window: xr.DataArray | xr.Dataset, variables: list | None) -> Any:
         return window if variables is None else window[variables]
@@ -308,20 +311,21 @@ class ForecastPatcher:
         out = out.assign_coords(valid_time=((self.dim, lead), self._labels[self.plan.targets]))
         return out.transpose(self.dim, lead, *others)
 
-    def roles(self) -> tuple[list | None, list | None]:
-        """Return the variables of the inputs and of the targets (None: the whole object)."""
-        return self._input_variables, self._target_variables
+    def roles(self) -> tuple[list | None, list | None, list | None]:
+        """Return the variables of the inputs, targets and forcings (None: a DataArray)."""
+        return self._input_variables, self._target_variables, self._forcing_variables
 
 
 def _roles(obj: xr.DataArray | xr.Dataset, dim: Hashable, forecast: Forecast) -> tuple:
     # The variables of each role of a Dataset (None: the DataArray itself).
+    chosen_roles = (forecast.input_variables, forecast.target_variables, forecast.forcing_variables)
     if isinstance(obj, xr.DataArray):
-        if forecast.input_variables is not None or forecast.target_variables is not None:
+        if any(chosen is not None for chosen in chosen_roles):
             raise OptionError(
-                "Forecast(input_variables=..., target_variables=...) choose variables of a "
-                "Dataset; this is a DataArray."
+                "Forecast(input_variables=..., target_variables=..., forcing_variables=...) "
+                "choose variables of a Dataset; this is a DataArray."
             )
-        return None, None
+        return None, None, None
     # By name unless given: xarray may open a zarr's variables in another order each time.
     names = sorted(obj.data_vars, key=str)
     inputs = names if forecast.input_variables is None else list(forecast.input_variables)
@@ -330,19 +334,22 @@ def _roles(obj: xr.DataArray | xr.Dataset, dim: Hashable, forecast: Forecast) ->
         if forecast.target_variables is None
         else list(forecast.target_variables)
     )
-    for argument, chosen in (("input_variables", inputs), ("target_variables", targets)):
+    forcings = [] if forecast.forcing_variables is None else list(forecast.forcing_variables)
+    given = (("input_variables", inputs), ("target_variables", targets))
+    for argument, chosen in (*given, ("forcing_variables", forcings)):
         absent = [v for v in chosen if v not in obj.data_vars]
         if absent:
             raise OptionError(
                 f"Forecast({argument}=...) names {absent!r}, not variables of the Dataset "
                 f"({names!r})."
             )
-    timeless = [v for v in targets if dim not in obj[v].dims]
-    if timeless:
-        raise OptionError(
-            f"Forecast(target_variables=...) names {timeless!r}, which have no {dim!r} dim: "
-            "targets are taken at lead times; give static fields as inputs."
-        )
+    for argument, chosen in (("target_variables", targets), ("forcing_variables", forcings)):
+        timeless = [v for v in chosen if dim not in obj[v].dims]
+        if timeless:
+            raise OptionError(
+                f"Forecast({argument}=...) names {timeless!r}, which have no {dim!r} dim: "
+                "they are taken at lead times; give static fields as inputs."
+            )
     if not targets:
         raise OptionError(f"the Dataset has no variable with the {dim!r} dim to forecast.")
-    return inputs, targets
+    return inputs, targets, forcings

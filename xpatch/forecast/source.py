@@ -59,7 +59,7 @@ class ForecastSource(Source):
         return len(self._inner)
 
     def __getitem__(self, index: int) -> dict[str, Any]:
-        """Sample ``index``: ``{"inputs", "targets", "origin", "anchor", "index"}``."""
+        """Sample ``index``: ``{"inputs", "targets", "origin", "anchor", "index"}`` (+ forcings)."""
         item = self._inner[index]
         position = int(item["index"])
         origin = position // self._per_origin
@@ -72,11 +72,13 @@ class ForecastSource(Source):
                 "targets": np.take(values, targets, axis=axis),
             }
         else:
-            input_names, target_names = self._roles
+            input_names, target_names, forcing_names = self._roles
             split = {
                 "inputs": {v: self._take(item, v, inputs) for v in input_names},
                 "targets": {v: self._take(item, v, targets) for v in target_names},
             }
+            if forcing_names:
+                split["forcings"] = {v: self._take(item, v, targets) for v in forcing_names}
         return {
             **split,
             "origin": self._origin_labels[origin],

@@ -40,6 +40,9 @@ class Forecast:
         For a Dataset: the variables of each role. Default: every variable as input
         (those without the time dim once, as static fields), and every variable with
         the time dim as target.
+    forcing_variables
+        For a Dataset: variables known ahead (top-of-atmosphere radiation, say), served
+        at the targets' times as ``"forcings"`` beside the inputs. Default: none.
 
     Examples
     --------
@@ -59,6 +62,7 @@ class Forecast:
     origins: Any = None
     input_variables: Sequence[Hashable] | None = field(default=None)
     target_variables: Sequence[Hashable] | None = field(default=None)
+    forcing_variables: Sequence[Hashable] | None = field(default=None)
 
 
 @dataclass(frozen=True)
