@@ -241,8 +241,18 @@ def test_the_bounds_of_a_patch_across_the_seam_go_on_past_the_last_label():
 
 def test_a_boundary_per_dim_is_taken_when_the_dims_share_one_mode():
     field = global_field()
-    mapped = field.patch(lat=8, lon=24, stride=12, boundary={"lat": "pad", "lon": "pad"})
+    mapped = field.patch(lat=12, lon=24, stride=12, boundary={"lat": "pad", "lon": "pad"})
     assert mapped.boundary == "pad"
-    assert len(mapped) == len(field.patch(lat=8, lon=24, stride=12, boundary="pad"))
+    assert len(mapped) == len(field.patch(lat=12, lon=24, stride=12, boundary="pad"))
     with pytest.raises(OptionError, match="different modes"):
         field.patch(lat=8, lon=24, boundary={"lat": "pad"})  # lon takes "shift"
+
+
+def test_a_stride_past_the_size_warns_of_the_cells_no_patch_covers():
+    line = xr.DataArray(np.arange(12.0), dims="x")
+    with pytest.warns(xpatch.UncoveredCellsWarning, match="4 of 12 cells"):
+        p = line.patch(x=2, stride=3, boundary="periodic")
+    assert int(p.reconstruct(p.patches()).isnull().sum()) == 4
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        line.patch(x=3, stride=3, boundary="periodic")

@@ -14,6 +14,7 @@ gets the same weighted mean as any other, and a round trip is exact everywhere.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
@@ -21,8 +22,19 @@ import numpy as np
 import xarray as xr
 
 from xpatch.core.blend.reductions import MAX, MEAN, MIN, SUM, Reduction, as_reduction
-from xpatch.core.errors import DimensionError, GeometryError, OptionError
-from xpatch.core.geometry import BOUNDARIES, Geometry, as_positive_int, cartesian
+from xpatch.core.errors import (
+    DimensionError,
+    GeometryError,
+    OptionError,
+    UncoveredCellsWarning,
+)
+from xpatch.core.geometry import (
+    BOUNDARIES,
+    Geometry,
+    as_positive_int,
+    cartesian,
+    covered_cells,
+)
 from xpatch.core.samplers import Anchors
 from xpatch.patcher import Patcher
 from xpatch.xarray.layout import check_halo, patched_dims, size_mapping
@@ -150,8 +162,9 @@ class PeriodicPatcher:
                     f"halo[{d!r}]={halo[d]} reaches past a whole turn of {d!r} ({extent} cells)."
                 )
             starts[j] = np.arange(0, extent, step, dtype=np.int64)
-            reach = int(starts[j][-1]) + width - extent
+            reach = max(0, int(starts[j][-1]) + width - extent)
             widths[d] = (halo[d], reach + halo[d])
+        _warn_uncovered(dims, shape, geometry, starts, self.periodic)
         anchors = cartesian(starts)
         self._shift = np.array([widths.get(d, (0, 0))[0] for d in dims], dtype=np.int64)
         self._widths = widths
@@ -304,6 +317,27 @@ class PeriodicPatcher:
 
     def _fold_extreme(self, values: xr.DataArray, kind: Reduction) -> xr.DataArray:
         return self._fold(values, _fmax if kind is MAX else _fmin)
+
+
+def _warn_uncovered(dims, shape, geometry: Geometry, starts: list, periodic: list) -> None:
+    # As a grid elsewhere warns: cells no patch covers come back NaN (a stride > size).
+    covered = 1
+    for d, width, axis_starts in zip(dims, geometry.size, starts):
+        if d in periodic:
+            cells = (axis_starts[:, None] + np.arange(width)[None, :]) % shape[d]
+            covered *= len(np.unique(cells))
+        else:
+            covered *= covered_cells(shape[d], width, axis_starts)
+    total = int(np.prod([shape[d] for d in dims]))
+    if covered < total:
+        warnings.warn(
+            f"{total - covered} of {total} cells along {list(dims)!r} are covered by no "
+            f"patch (size={dict(zip(dims, geometry.size))}, "
+            f"stride={dict(zip(dims, geometry.stride))}); they reconstruct to NaN. Use a "
+            "stride <= size to cover every cell.",
+            UncoveredCellsWarning,
+            stacklevel=4,
+        )
 
 
 def _folded_reduction(reduce: object) -> Reduction:
