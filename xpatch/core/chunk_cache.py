@@ -139,13 +139,22 @@ class ChunkCache:
         self._load_seconds = 0.0
         self._wait_seconds = 0.0
 
-    def get(self, key: Hashable, load: Callable[[], object], ahead: bool = False) -> object:
+    def get(
+        self,
+        key: Hashable,
+        load: Callable[[], object],
+        ahead: bool = False,
+        wanted: Callable[[], bool] | None = None,
+    ) -> object:
         """Return the chunk under ``key``, calling ``load()`` once if it is not held.
 
         If the load fails with an exception, the threads waiting for it raise
         that exception too (the next request tries again); if it is interrupted
         (``KeyboardInterrupt``, ``SystemExit``), a waiting thread loads it itself.
-        ``ahead=True`` marks a read ahead of use: its time is not a wait.
+        ``ahead=True`` marks a read ahead of use: its time is not a wait. ``wanted``
+        is asked, under the cache's lock, before a load starts: False returns None
+        and loads nothing (a read ahead of a chunk whose patches were all served
+        while it waited).
         """
         started = time.perf_counter()
         while True:
@@ -157,6 +166,8 @@ class ChunkCache:
                     return entry[0]
                 pending = self._pending.get(key)
                 if pending is None:
+                    if wanted is not None and not wanted():
+                        return None
                     pending = self._pending[key] = _Pending()
                     self._loads += 1
                     break

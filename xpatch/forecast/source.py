@@ -9,7 +9,7 @@ each chunk once per epoch, time chunks included.
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import numpy as np
@@ -139,8 +139,10 @@ class ForecastSource(Source):
     def sweep_settings(self, mix: int | None, ahead: int | None) -> tuple[int, int]:  # noqa: D102
         return self._inner.sweep_settings(mix, ahead)
 
-    def read_ahead(self, chunk: int) -> None:  # noqa: D102 - the inner source's
-        self._inner.read_ahead(chunk)
+    def read_ahead(  # noqa: D102 - the inner source's
+        self, chunk: int, wanted: Callable[[], bool] | None = None
+    ) -> None:
+        self._inner.read_ahead(chunk, wanted)
 
     def release(self, chunk: int, keep_frame: bool) -> None:  # noqa: D102 - the inner source's
         self._inner.release(chunk, keep_frame)

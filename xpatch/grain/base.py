@@ -17,7 +17,7 @@ The sources need only numpy; their pipeline methods import Grain
 from __future__ import annotations
 
 import importlib
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -158,8 +158,10 @@ class Source:
         """Return ``(mix, ahead)`` for a sweep within the cache, and keep frames for it."""
         raise NotImplementedError
 
-    def read_ahead(self, chunk: int) -> None:  # pragma: no cover - every source defines it
-        """Load chunk ``chunk`` (a global id) into the cache before a patch asks for it."""
+    def read_ahead(
+        self, chunk: int, wanted: Callable[[], bool] | None = None
+    ) -> None:  # pragma: no cover - every source defines it
+        """Load chunk ``chunk`` (a global id) before a patch asks for it, if ``wanted()``."""
         raise NotImplementedError
 
     def release(

@@ -53,7 +53,7 @@ class ShuffledSource(Protocol):
 
     def sweep_settings(self, mix: int | None, ahead: int | None) -> tuple[int, int]: ...  # noqa: D102
 
-    def read_ahead(self, chunk: int) -> None: ...  # noqa: D102
+    def read_ahead(self, chunk: int, wanted: Any = None) -> None: ...  # noqa: D102
 
     def release(self, chunk: int, keep_frame: bool) -> None: ...  # noqa: D102
 

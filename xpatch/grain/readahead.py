@@ -42,7 +42,7 @@ def _in_order_of(positions: np.ndarray, used: np.ndarray) -> tuple[np.ndarray, n
 class ReadsChunks(Protocol):
     """What :class:`SweepReads` asks of a source: load or drop a chunk by global id."""
 
-    def read_ahead(self, chunk: int) -> None: ...  # noqa: D102
+    def read_ahead(self, chunk: int, wanted: Callable[[], bool] | None = None) -> None: ...  # noqa: D102
 
     def release(self, chunk: int, keep_frame: bool) -> None: ...  # noqa: D102
 
@@ -258,9 +258,10 @@ class SweepReads:
             return self._pool
 
     def _read(self, chunk: int) -> None:
-        if self._retired[chunk]:  # queued behind patches that needed it sooner: read by them
-            return
+        # Queued behind the patches that needed it sooner, it may have been read and
+        # dropped by them meanwhile: asked again as the load would start, under the
+        # cache's lock (a check here alone left a window for a second load).
         try:
-            self._source.read_ahead(chunk)
+            self._source.read_ahead(chunk, lambda: not self._retired[chunk])
         except Exception:  # the patch that needs the chunk reads it again, and raises
             pass

@@ -12,7 +12,7 @@ under a chunk shuffle.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 
 import numpy as np
 import xarray as xr
@@ -217,11 +217,15 @@ class PatchReader:
         """Return the block index of the chunk with flat (C-order) index ``chunk``."""
         return tuple(int(i) for i in np.unravel_index(int(chunk), self.grid.numblocks))
 
-    def read_ahead(self, chunk: int) -> None:
-        """Load the chunk with flat index ``chunk`` into the cache before a patch asks for it."""
+    def read_ahead(self, chunk: int, wanted: Callable[[], bool] | None = None) -> None:
+        """Load the chunk with flat index ``chunk`` into the cache before a patch asks for it.
+
+        ``wanted`` is asked before the load starts (see :meth:`ChunkCache.get`).
+        """
         if self.grid is not None and any(plan.lazy for plan in self.plans):
             block = self.block_of(chunk)
-            self.cache.get(self._key(block), lambda: self._load(block), ahead=True)
+            load = lambda: self._load(block)  # noqa: E731
+            self.cache.get(self._key(block), load, ahead=True, wanted=wanted)
 
     def release(self, chunk: int, keep_frame: bool) -> None:
         """Drop the chunk with flat index ``chunk``, keeping its frame or not (see the cache)."""

@@ -21,7 +21,7 @@ Examples
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import numpy as np
@@ -322,9 +322,9 @@ class PatchSource(Source):
         cache_bytes = self._reader.cache_bytes
         return sweep_budget(cache_bytes, chunk_bytes, int(waiting), span, mix, ahead)
 
-    def read_ahead(self, chunk: int) -> None:
-        """Load chunk ``chunk`` (a flat C-order index) into this process's cache."""
-        self._reader.read_ahead(chunk)
+    def read_ahead(self, chunk: int, wanted: Callable[[], bool] | None = None) -> None:
+        """Load chunk ``chunk`` (a flat C-order index) into this process's cache, if wanted."""
+        self._reader.read_ahead(chunk, wanted)
 
     def release(self, chunk: int, keep_frame: bool) -> None:
         """Drop chunk ``chunk`` from this process's cache, keeping its frame or not."""

@@ -11,7 +11,7 @@ every scene in one random order.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -286,10 +286,10 @@ class SceneSource(Source):
         k = int(np.searchsorted(self._chunk_offsets, chunk, side="right")) - 1
         return self._sources[k], int(chunk) - int(self._chunk_offsets[k])
 
-    def read_ahead(self, chunk: int) -> None:
-        """Load global chunk ``chunk`` into the shared cache."""
+    def read_ahead(self, chunk: int, wanted: Callable[[], bool] | None = None) -> None:
+        """Load global chunk ``chunk`` into the shared cache, if ``wanted()`` when it starts."""
         source, local = self._scene_of(chunk)
-        source.read_ahead(local)
+        source.read_ahead(local, wanted)
 
     def release(self, chunk: int, keep_frame: bool) -> None:
         """Drop global chunk ``chunk`` from the shared cache, keeping its frame or not."""

@@ -7,7 +7,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -128,9 +128,9 @@ class TreeSource(Source):
             source.sweep_settings(mix, ahead)
         return self._sources[self._reference].sweep_settings(mix, ahead)
 
-    def read_ahead(self, chunk: int) -> None:
+    def read_ahead(self, chunk: int, wanted: Callable[[], bool] | None = None) -> None:
         """Load the reference node's chunk ``chunk`` (other nodes load on demand)."""
-        self._sources[self._reference].read_ahead(chunk)
+        self._sources[self._reference].read_ahead(chunk, wanted)
 
     def release(self, chunk: int, keep_frame: bool) -> None:
         """Drop the reference node's chunk ``chunk``, keeping its frame or not."""
