@@ -256,3 +256,11 @@ def test_a_stride_past_the_size_warns_of_the_cells_no_patch_covers():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         line.patch(x=3, stride=3, boundary="periodic")
+
+
+def test_a_dim_left_out_of_the_boundary_takes_shift_not_another_dims_mode():
+    field = global_field()
+    with pytest.raises(OptionError, match="left out take 'shift'"):
+        field.patch(level=1, lat=8, lon=8, boundary={"lon": "periodic", "lat": "pad"})
+    p = field.patch(level=1, lat=8, lon=8, boundary={"lon": "periodic", "lat": "shift"})
+    assert p.patcher.boundary == "shift"

@@ -46,9 +46,9 @@ class ForecastSource(Source):
                 for name in inner.variables
             }
         self._roles = forecast.roles()
-        origins = len(forecast.plan.origins)
-        self._inputs = [forecast.relative_positions(o)[0] for o in range(origins)]
-        self._targets = [forecast.relative_positions(o)[1] for o in range(origins)]
+        positions = [forecast.relative_positions(o) for o in range(len(forecast.plan.origins))]
+        self._inputs = [inputs for inputs, _ in positions]
+        self._targets = [targets for _, targets in positions]
         self._origin_labels = forecast.origins.values
         self._per_origin = forecast.spatial_count
         self._fingerprint = None

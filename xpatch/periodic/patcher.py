@@ -23,7 +23,6 @@ import xarray as xr
 
 from xpatch.core.blend.reductions import MAX, MEAN, MIN, SUM, Reduction, as_reduction
 from xpatch.core.errors import (
-    DimensionError,
     GeometryError,
     OptionError,
     UncoveredCellsWarning,
@@ -37,7 +36,13 @@ from xpatch.core.geometry import (
 )
 from xpatch.core.samplers import Anchors
 from xpatch.patcher import Patcher
-from xpatch.xarray.layout import check_halo, patched_dims, size_mapping
+from xpatch.xarray.layout import (
+    boundary_modes,
+    check_halo,
+    check_size_dims,
+    patched_dims,
+    size_mapping,
+)
 from xpatch.xarray.padded import padded_object
 
 PERIODIC = "periodic"
@@ -61,7 +66,7 @@ def is_periodic(boundary: object) -> bool:
 
 
 def split_boundary(boundary: object, dims: tuple[Hashable, ...]) -> tuple[list, str]:
-    """Return the periodic dims and the one boundary mode of the others.
+    """Return the periodic dims and the one boundary mode of the others (left out: shift).
 
     Examples
     --------
@@ -70,27 +75,20 @@ def split_boundary(boundary: object, dims: tuple[Hashable, ...]) -> tuple[list, 
     >>> split_boundary("periodic", ("lat", "lon"))
     (['lat', 'lon'], 'shift')
     """
-    if not isinstance(boundary, Mapping):
-        return list(dims), "shift"
-    unknown = [d for d in boundary if d not in dims]
-    if unknown:
-        raise DimensionError(
-            f"boundary={dict(boundary)!r} names {unknown!r}, which are not patched dims "
-            f"{list(dims)!r}."
-        )
-    modes = {m for m in boundary.values() if m != PERIODIC}
-    bad = [m for m in modes if m not in BOUNDARIES]
+    modes = boundary_modes(boundary, dims)
+    others = {m for m in modes.values() if m != PERIODIC}
+    bad = [m for m in others if m not in BOUNDARIES]
     if bad:
         raise OptionError(
-            f"boundary={dict(boundary)!r}: {bad[0]!r} is not a boundary mode; use "
+            f"boundary={boundary!r}: {bad[0]!r} is not a boundary mode; use "
             f"'periodic' or one of {BOUNDARIES}."
         )
-    if len(modes) > 1:
+    if len(others) > 1:
         raise OptionError(
-            f"boundary={dict(boundary)!r} gives the dims that are not periodic different "
-            f"modes {sorted(modes)!r}; give them one (periodic dims beside one mode)."
+            f"boundary={boundary!r} gives the dims that are not periodic different modes "
+            f"{sorted(others)!r} (dims left out take 'shift'); give them one."
         )
-    return [d for d in dims if boundary.get(d) == PERIODIC], (modes.pop() if modes else "shift")
+    return [d for d in dims if modes[d] == PERIODIC], (others.pop() if others else "shift")
 
 
 class PeriodicPatcher:
@@ -132,12 +130,7 @@ class PeriodicPatcher:
                 "sampler= with periodic dims: only the regular grid is laid across the "
                 "seam for now; leave sampler out."
             )
-        missing = [d for d in sizes if d not in obj.dims]
-        if missing:
-            raise DimensionError(
-                f"size names dimension(s) {missing!r} that the {type(obj).__name__} does "
-                f"not have; its dimensions are {list(obj.dims)!r}."
-            )
+        check_size_dims(obj, sizes)
         dims = patched_dims(obj, sizes)
         self.periodic, base = split_boundary(options.get("boundary"), dims)
         halo = dict(zip(dims, check_halo(options.get("halo"), dims)))

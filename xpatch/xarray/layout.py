@@ -172,12 +172,7 @@ class Layout(Generic[T]):
                 f"obj is a {type(obj).__name__}; xpatch patches xarray.DataArray and "
                 "xarray.Dataset objects (wrap numpy arrays with xr.DataArray(arr, dims=...))."
             )
-        unknown = [d for d in size if d not in obj.dims]
-        if unknown:
-            raise DimensionError(
-                f"size names dimension(s) {unknown!r} that the {type(obj).__name__} does not "
-                f"have; its dimensions are {list(obj.dims)!r}."
-            )
+        check_size_dims(obj, size)
         dims = patched_dims(obj, size)
         variables = patched_variables(obj, dims)
         if not variables:
@@ -335,6 +330,25 @@ def check_pad_modes(
     return modes
 
 
+def boundary_modes(boundary: object, dims: tuple[Hashable, ...]) -> dict[Hashable, object]:
+    """Return each patched dim's boundary mode: one for all, or ``{dim: mode}`` (left out: shift).
+
+    Examples
+    --------
+    >>> boundary_modes({"x": "pad"}, ("y", "x")), boundary_modes("drop", ("y",))
+    ({'y': 'shift', 'x': 'pad'}, {'y': 'drop'})
+    """
+    if not isinstance(boundary, Mapping):
+        return dict.fromkeys(dims, boundary)
+    unknown = [d for d in boundary if d not in dims]
+    if unknown:
+        raise DimensionError(
+            f"boundary={dict(boundary)!r} names {unknown!r}, which are not patched dims "
+            f"{list(dims)!r}."
+        )
+    return {d: boundary.get(d, "shift") for d in dims}
+
+
 def one_boundary(boundary: object, dims: tuple[Hashable, ...]) -> object:
     """Return the one mode a ``{dim: mode}`` boundary gives every patched dim (default shift).
 
@@ -348,13 +362,7 @@ def one_boundary(boundary: object, dims: tuple[Hashable, ...]) -> object:
     """
     if not isinstance(boundary, Mapping):
         return boundary
-    unknown = [d for d in boundary if d not in dims]
-    if unknown:
-        raise DimensionError(
-            f"boundary={dict(boundary)!r} names {unknown!r}, which are not patched dims "
-            f"{list(dims)!r}."
-        )
-    modes = {boundary.get(d, "shift") for d in dims}
+    modes = set(boundary_modes(boundary, dims).values())
     if "periodic" in modes or len(modes) == 1:
         return boundary if "periodic" in modes else modes.pop()
     raise OptionError(
@@ -362,6 +370,16 @@ def one_boundary(boundary: object, dims: tuple[Hashable, ...]) -> object:
         f"{sorted(map(str, modes))!r}: give them one (dims left out take 'shift'); only "
         "periodic dims may differ: boundary={'lon': 'periodic', 'lat': 'shift'}."
     )
+
+
+def check_size_dims(obj: xr.DataArray | xr.Dataset, size: Mapping[Hashable, object]) -> None:
+    """Raise a :class:`~xpatch.DimensionError` if ``size`` names a dim ``obj`` lacks."""
+    unknown = [d for d in size if d not in obj.dims]
+    if unknown:
+        raise DimensionError(
+            f"size names dimension(s) {unknown!r} that the {type(obj).__name__} does not "
+            f"have; its dimensions are {list(obj.dims)!r}."
+        )
 
 
 def check_halo(halo: object, dims: tuple[Hashable, ...]) -> tuple[int, ...]:
