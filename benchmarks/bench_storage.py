@@ -19,7 +19,9 @@ same run, and every ratio is printed beside its target (nothing is asserted):
 - Two ``mp_prefetch`` workers: chunk loads summed over the workers, per chunk
   (target <= 1.05).
 
-Chunk loads are the sources' own counters (:meth:`~xpatch.grain.PatchSource.cache_stats`).
+Chunk loads and the most bytes the cache held at once ("peak") are the sources'
+own counters (:meth:`~xpatch.grain.PatchSource.cache_stats`); reads in flight
+hold no bytes until they land in the cache.
 """
 
 from __future__ import annotations
@@ -142,6 +144,11 @@ def shuffled_epoch(src, order: str, threads: int = 16) -> tuple[float, float, ob
     return seconds, stats.loads / src.chunk_count, stats
 
 
+def peak_text(peak_bytes: int) -> str:
+    """The most bytes a source's cache held at once, in MiB ("-" when not measured)."""
+    return f"{peak_bytes / MiB:.1f}" if peak_bytes else "-"
+
+
 class TinyItems:
     """A source of as many items as ``src``, each a 4-value array: Grain's own cost per item."""
 
@@ -228,25 +235,27 @@ def main() -> int:
     image = open_image(LocalStore(path))
     rows = []
     seconds, loads = in_order_epoch(source_of(image))
-    rows.append(["src[i] in index order, default cache", seconds / floor, loads, "<= 1.1x"])
+    rows.append(["src[i] in index order, default cache", seconds / floor, loads, 0, "<= 1.1x"])
     src = source_of(image, budget)
     mix, ahead = src.sweep_settings(None, None)
     for order, threads in (("sweep", 16), ("sweep", 2), ("chunk", 16)):
         seconds, loads, stats = shuffled_epoch(src, order, threads)
         target = "<= 1.3x, <= 1.05 loads" if order == "sweep" else "(before)"
-        rows.append(
-            [f"chunk_shuffle(order={order!r}), {threads} threads", seconds / floor, loads, target]
-        )
+        name = f"chunk_shuffle(order={order!r}), {threads} threads"
+        rows.append([name, seconds / floor, loads, stats.peak_bytes, target])
         if (order, threads) == ("sweep", 16):
             waited = stats.wait_seconds
             decoded = stats.load_seconds
     for threads in (16, 2):
         seconds = grain_alone_seconds(len(src), threads)
-        rows.append([f"Grain alone (tiny items), {threads} threads", seconds / floor, 0.0, "-"])
+        rows.append([f"Grain alone (tiny items), {threads} threads", seconds / floor, 0.0, 0, "-"])
     print_table(
         f"one epoch, {len(src)} patches (sweep: mix={mix}, read_ahead={ahead})",
-        ["epoch", "time / floor", "loads per chunk", "target"],
-        [[r[0], f"{r[1]:.2f}x", f"{r[2]:.2f}" if r[2] else "-", r[3]] for r in rows],
+        ["epoch", "time / floor", "loads per chunk", "peak MiB", "target"],
+        [
+            [r[0], f"{r[1]:.2f}x", f"{r[2]:.2f}" if r[2] else "-", peak_text(r[3]), r[4]]
+            for r in rows
+        ],
     )
     print(
         f"sweep, 16 threads: reads waited {waited:.2f} s for chunks; loading took {decoded:.2f} s "
@@ -277,10 +286,11 @@ def main() -> int:
         f"{concurrent:.2f} s"
     )
     for threads in (16, 2):
-        seconds, loads, _ = shuffled_epoch(slow_src, "sweep", threads)
+        seconds, loads, stats = shuffled_epoch(slow_src, "sweep", threads)
         print(
             f"  sweep epoch, {threads} threads: {seconds:.2f} s = {seconds / concurrent:.2f}x "
-            f"(target <= 1.5x), {loads:.2f} loads per chunk"
+            f"(target <= 1.5x), {loads:.2f} loads per chunk, peak {peak_text(stats.peak_bytes)} "
+            f"MiB of {budget / MiB:.1f}"
         )
 
     workers = two_worker_loads(src)

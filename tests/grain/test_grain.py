@@ -284,6 +284,21 @@ def test_cache_stays_within_its_byte_limit_and_counts_evictions():
     assert src.cache_stats() == type(stats)(0, 0, 0, 0)
 
 
+def test_the_cache_reports_the_most_bytes_it_held_at_once_never_above_its_limit():
+    cache = ChunkCache(max_bytes=100)
+    for key in "ab":
+        cache.get(key, lambda: np.zeros(5))  # 40 bytes each
+    cache.release("a")
+    assert cache.stats().cached_bytes == 40 and cache.stats().peak_bytes == 80
+    for key in "cde":  # 120 bytes asked: one is evicted each time past two
+        cache.get(key, lambda: np.zeros(5))
+    assert cache.stats().evictions == 2 and cache.stats().peak_bytes == 80
+    cache.get("big", lambda: np.zeros(13))  # 104 bytes: served, not kept
+    assert cache.stats().peak_bytes == 80
+    cache.clear()
+    assert cache.stats().peak_bytes == 0
+
+
 def test_a_sequential_epoch_reads_each_chunk_once_with_two_rows_of_chunks_cached():
     scene = dask_scene()  # 4 x 5 chunks
     src = scene.patch(y=12, x=12, stride=8).to_grain(cache_bytes=2 * 5 * 3 * 16 * 16 * 4)

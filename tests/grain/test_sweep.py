@@ -217,6 +217,54 @@ def test_reads_ahead_load_the_coming_chunks_before_they_are_asked_for():
     assert without.cache_stats().loads == 1
 
 
+class CountingLatencyStore:
+    """Builds a zarr ``LatencyStore`` that counts the reads in flight at once."""
+
+    @staticmethod
+    def over(store, seconds: float):
+        from zarr.testing.store import LatencyStore
+
+        class Counting(LatencyStore):
+            in_flight = most = 0
+
+            async def get(self, *args, **kwargs):
+                type(self).in_flight += 1
+                type(self).most = max(type(self).most, type(self).in_flight)
+                try:
+                    return await super().get(*args, **kwargs)
+                finally:
+                    type(self).in_flight -= 1
+
+        return Counting(store, get_latency=seconds)
+
+
+def test_where_the_store_answers_late_more_reads_are_in_flight_than_the_cache_keeps_room_for(
+    tmp_path,
+):
+    from zarr.storage import LocalStore
+
+    values = np.random.default_rng(3).integers(0, 4000, (2, 128, 128)).astype("uint16")
+    xr.Dataset({"v": (("band", "y", "x"), values)}).to_zarr(
+        tmp_path / "s.zarr", encoding={"v": {"chunks": (2, 16, 16)}}, consolidated=False
+    )
+    slow = CountingLatencyStore.over(LocalStore(tmp_path / "s.zarr", read_only=True), 0.03)
+    da_ = xr.open_zarr(slow, consolidated=False)["v"]
+    chunk = 2 * 16 * 16 * 2
+    src = da_.patch(y=8, x=8, stride=8).to_grain(cache_bytes=12 * chunk)  # 64 chunks
+    ahead = 3
+    dataset = src.chunk_shuffle(seed=2, read_ahead=ahead)
+    for i in range(len(dataset)):
+        item = dataset[i]
+        y, x = item["anchor"].tolist()
+        np.testing.assert_array_equal(item["data"], values[:, y : y + 8, x : x + 8])
+    stats = src.cache_stats()
+    # Each read waits 30 ms: sent earlier, more are in flight than the 3 the cache
+    # keeps room for (and the one this loop asks for), and none lands too early.
+    assert type(slow).most > ahead + 1
+    assert stats.loads == src.chunk_count and stats.evictions == 0
+    assert stats.peak_bytes <= 12 * chunk
+
+
 def test_a_zarr_opened_by_xarray_is_read_from_the_store_without_dask(tmp_path):
     values = np.random.default_rng(0).integers(0, 1000, (2, 48, 48)).astype("uint16")
     xr.Dataset({"v": (("band", "y", "x"), values)}).to_zarr(

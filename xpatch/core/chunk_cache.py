@@ -65,6 +65,9 @@ class CacheStats:
         Time requests for patches spent waiting for a chunk (loading it
         themselves or waiting for a load in flight): the time the loader made a
         reader wait. Near 0 when reads ahead keep up.
+    peak_bytes
+        The most bytes held at once since the cache was made or cleared: what
+        the loader's memory came to (never above the byte limit).
     """
 
     loads: int
@@ -74,6 +77,7 @@ class CacheStats:
     loaded_bytes: int = 0
     load_seconds: float = 0.0
     wait_seconds: float = 0.0
+    peak_bytes: int = 0
 
     @property
     def requests(self) -> int:
@@ -138,6 +142,7 @@ class ChunkCache:
         self._loaded_bytes = 0
         self._load_seconds = 0.0
         self._wait_seconds = 0.0
+        self._peak_bytes = 0
 
     def get(
         self,
@@ -300,6 +305,7 @@ class ChunkCache:
             if self.shrink is None or isinstance(victim, FrameKey):
                 continue
             self._keep_frame(victim, evicted)
+        self._peak_bytes = max(self._peak_bytes, self._bytes)
 
     def _drop(self, key: Hashable) -> object:
         value, size = self._entries.pop(key)
@@ -317,6 +323,7 @@ class ChunkCache:
                 self._loaded_bytes,
                 self._load_seconds,
                 self._wait_seconds,
+                self._peak_bytes,
             )
 
     def clear(self) -> None:
@@ -327,6 +334,7 @@ class ChunkCache:
             self._loads = self._hits = self._evictions = 0
             self._loaded_bytes = 0
             self._load_seconds = self._wait_seconds = 0.0
+            self._peak_bytes = 0
 
 
 def nbytes_of(value: object) -> int:

@@ -7,6 +7,12 @@ loads the next chunks in background threads while the current ones are served
 soon as every position that needs it was read, so the cache holds what is in
 use, not what was used last.
 
+A read in flight holds no bytes until it lands. Where reads take long (an object
+store), more are sent than the cache keeps room for, each early by about as many
+chunks as the sweep reaches while one read is in flight (measured: see
+:func:`reads_landing_late`), so that they land about when the chunks kept for
+reads ahead are used, and the cache holds no more than it would on a fast disk.
+
 It only moves chunks in and out of the cache: a chunk dropped too early is read
 again by the patch that needs it (counted in the cache's loads), never served
 wrong.
@@ -14,15 +20,18 @@ wrong.
 
 from __future__ import annotations
 
+import statistics
 import threading
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
 import numpy as np
 
 from xpatch.core.sweep import chunk_uses, key_chunks, spread_positions
+from xpatch.grain.store_wait import store_wait
 
 #: Positions behind a read, none of them in flight for this long, are read by nobody:
 #: a thread takes microseconds between two reads of a batch.
@@ -30,6 +39,52 @@ JUMP_SECONDS = 1.0
 #: A waiting read looks again this often, and never waits longer than MAX_WAIT_SECONDS.
 STALL_CHECK_SECONDS = 0.05
 MAX_WAIT_SECONDS = 5.0
+#: Reads (and chunks the sweep reached) measured for :func:`reads_landing_late`.
+PACE_SAMPLES = 16
+#: Reads sent beyond ``ahead`` are at most this many times ``ahead``: a bound on the
+#: threads waiting for a store, not on memory (a read in flight holds no bytes).
+MAX_LATE_PER_AHEAD = 3
+
+
+def reads_landing_late(
+    read_seconds: Sequence[float], reached: Sequence[tuple[float, int]], ahead: int
+) -> int:
+    """Return how many reads to send beyond ``ahead``: those still in flight when due.
+
+    A read sent ``ahead + k`` chunks before its first use lands ``ahead`` chunks
+    early at most when the sweep reaches ``k`` chunks or more while it waits for the
+    store: ``k`` is the median wait of the recent reads over the sweep's recent time
+    per chunk, rounded down, and at most ``MAX_LATE_PER_AHEAD * ahead``. None until
+    both were measured (four samples or more).
+
+    Parameters
+    ----------
+    read_seconds
+        Seconds each recent read waited for the store's bytes (not decoding:
+        more reads in flight hide a wait, not work; :mod:`xpatch.grain.store_wait`).
+    reached
+        ``(time, chunks)``: when the sweep first reached each of its recent chunks.
+    ahead
+        Chunks the cache keeps room for, read ahead.
+
+    Examples
+    --------
+    >>> pace = [(0.005 * i, i) for i in range(8)]  # a chunk every 5 ms
+    >>> reads_landing_late([0.022] * 8, pace, ahead=4)  # 22 ms reads: 4 in flight
+    4
+    >>> reads_landing_late([0.003] * 8, pace, ahead=4)  # a fast disk: none
+    0
+    >>> reads_landing_late([0.2] * 8, pace, ahead=4)  # 40 chunks, bounded
+    12
+    """
+    if len(read_seconds) < 4 or len(reached) < 4:
+        return 0
+    (first_time, first_chunk), (last_time, last_chunk) = reached[0], reached[-1]
+    if last_chunk <= first_chunk or last_time <= first_time:
+        return 0
+    per_chunk = (last_time - first_time) / (last_chunk - first_chunk)
+    late = statistics.median(read_seconds) // per_chunk
+    return int(min(MAX_LATE_PER_AHEAD * ahead, late))
 
 
 def _in_order_of(positions: np.ndarray, used: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -68,7 +123,9 @@ class SweepReads:
         frame sides that face the chunks visited later
         (:meth:`~xpatch.grain.base.Source.face_sweep`).
     ahead
-        How many chunks are read ahead of the newest position (and in flight at once).
+        How many chunks are read ahead of the newest position and may wait in the
+        cache for it; more are in flight where reads land late
+        (:func:`reads_landing_late`).
     dealt
         ``(worker_count, batch_size)``: positions go to ``mp_prefetch`` workers by
         batch; a process reads ahead only for the workers whose positions it serves.
@@ -100,6 +157,9 @@ class SweepReads:
         self._held: dict[tuple[int, int], threading.Condition] = {}
         self._in_flight: set[int] = set()
         self._pool: ThreadPoolExecutor | None = None
+        self._read_seconds: deque[float] = deque(maxlen=PACE_SAMPLES)
+        self._reached: deque[tuple[float, int]] = deque(maxlen=PACE_SAMPLES)
+        self._late = 0
         self._epoch = -1
         self._workers: set[int] = set()
         self._frontier = -1
@@ -243,10 +303,14 @@ class SweepReads:
         self._next_ahead = int(np.searchsorted(self._first, self._frontier, side="right"))
         self._next_retire = int(np.searchsorted(self._last, self._low))
         self._next_shrink = int(np.searchsorted(self._whole_last, self._low))
+        self._reached.clear()  # the chunks reached are counted in this plan's order
 
     def _due_reads(self) -> np.ndarray:
         current = int(np.searchsorted(self._first, self._frontier, side="right"))
-        stop = min(current + self._ahead, len(self._first))
+        if not self._reached or current > self._reached[-1][1]:  # a chunk reached: new pace
+            self._reached.append((time.monotonic(), current))
+            self._late = reads_landing_late(self._read_seconds, self._reached, self._ahead)
+        stop = min(current + self._ahead + self._late, len(self._first))
         due = self._by_first[self._next_ahead : stop]
         self._next_ahead = max(self._next_ahead, stop)
         return due
@@ -254,7 +318,9 @@ class SweepReads:
     def _thread_pool(self) -> ThreadPoolExecutor:
         with self._lock:
             if self._pool is None:
-                self._pool = ThreadPoolExecutor(self._ahead, thread_name_prefix="xpatch-ahead")
+                self._pool = ThreadPoolExecutor(
+                    (1 + MAX_LATE_PER_AHEAD) * self._ahead, thread_name_prefix="xpatch-ahead"
+                )
             return self._pool
 
     def _read(self, chunk: int) -> None:
@@ -262,6 +328,9 @@ class SweepReads:
         # dropped by them meanwhile: asked again as the load would start, under the
         # cache's lock (a check here alone left a window for a second load).
         try:
-            self._source.read_ahead(chunk, lambda: not self._retired[chunk])
+            with store_wait() as waited:
+                self._source.read_ahead(chunk, lambda: not self._retired[chunk])
         except Exception:  # the patch that needs the chunk reads it again, and raises
-            pass
+            return
+        with self._lock:
+            self._read_seconds.append(waited.seconds)

@@ -21,12 +21,15 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 import warnings
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from itertools import product
 
 import numpy as np
+
+from xpatch.grain.store_wait import note_store_wait, store_wait
 
 #: Wrappers xarray puts around a zarr array it opened with dask chunks and did not
 #: decode (no scale, offset or fill value to mask): reading under them changes nothing.
@@ -200,19 +203,21 @@ class ZarrChunks:
             return chunk[cut]
         out = np.empty([stop - start for start, stop in bounds], self.dtype)
 
-        def place(chunk_coords: tuple[int, ...]) -> None:
-            chunk = self._decoded(chunk_coords)
+        def place(chunk_coords: tuple[int, ...]) -> float:
+            with store_wait() as waited:
+                chunk = self._decoded(chunk_coords)
             target, source = [], []
             for (start, stop), i, c in zip(bounds, chunk_coords, self._chunk_shape):
                 lo, hi = max(start, i * c), min(stop, (i + 1) * c)
                 target.append(slice(lo - start, hi - start))
                 source.append(slice(lo - i * c, hi - i * c))
             out[tuple(target)] = chunk[tuple(source)]
+            return waited.seconds
 
         # Several chunks are decoded side by side, as zarr would (patches read in index
         # order, a run of 4 chunks per read: 0.8-0.9x the floor so, 1.2x one by one).
-        for done in [_decoding_pool().submit(place, c) for c in coords]:
-            done.result()
+        waits = [done.result() for done in [_decoding_pool().submit(place, c) for c in coords]]
+        note_store_wait(max(waits))  # fetched side by side: the reader waited the longest
         return out
 
     def _chunk_specs(self) -> list:
@@ -238,10 +243,12 @@ class ZarrChunks:
         prototype = specs[0].prototype
         metadata = self.array.metadata
         store_path = self.array.store_path / metadata.encode_chunk_key(chunk_coords)
+        asked = time.monotonic()
         if isinstance(store_path.store, SupportsGetSync):  # a folder, memory
             raw = store_path.get_sync(prototype=prototype)
         else:  # an object store reads only on the event loop: the bytes come from there
             raw = sync(store_path.get(prototype=prototype))
+        note_store_wait(time.monotonic() - asked)
         if raw is None:  # never written: zarr's fill value
             values = np.full(self._chunk_shape, metadata.fill_value, self.dtype)
         else:
