@@ -113,8 +113,9 @@ class ChunkCache:
     max_bytes
         Upper bound of the bytes of the chunks (and frames) held.
     shrink
-        Called under the cache's lock with an evicted chunk; returns the frame to
-        keep, or None. Default: no frames, least-recently-used eviction.
+        Called with a chunk that is evicted (under the cache's lock) or released
+        with ``keep_frame`` (outside it); returns the frame to keep, or None. It
+        must not call the cache. Default: no frames, least-recently-used eviction.
 
     Examples
     --------
@@ -246,12 +247,15 @@ class ChunkCache:
                 self._hits += 1
                 return True, entry[0]
             frame = self._entries.get(FrameKey(key))
-            if frame is not None:
-                served = serve(frame[0])
-                if served is not None:
+        # Served outside the lock (a copy of a patch's worth): a frame is never
+        # changed once kept, only dropped, and every other read waited on the copy.
+        served = serve(frame[0]) if frame is not None else None
+        if served is not None:
+            with self._lock:
+                if FrameKey(key) in self._entries:
                     self._entries.move_to_end(FrameKey(key))
-                    self._hits += 1
-                    return False, served
+                self._hits += 1
+            return False, served
         return True, self.get(key, load)
 
     def release(self, key: Hashable, keep_frame: bool = False) -> None:
@@ -261,22 +265,34 @@ class ChunkCache:
         whole if it has none; else its frame goes too. Nothing happens to a load
         in flight, nor to a key not held.
         """
-        with self._lock:
-            entry = self._entries.get(key)
-            if keep_frame:
-                # A chunk without a smaller frame stays whole: the patches to come need it.
-                if entry is not None and self._keep_frame(key, entry[0]):
-                    self._drop(key)
+        if keep_frame:
+            with self._lock:
+                entry = self._entries.get(key)
+            if entry is None:
                 return
+            # Cut outside the lock (a copy of the chunk's edges): every read waited on it.
+            frame = self._frame_of(key, entry[0])
+            with self._lock:
+                # A chunk without a smaller frame stays whole: the patches to come need it.
+                # One dropped or replaced meanwhile keeps what it has now.
+                if frame is not None and self._entries.get(key) is entry:
+                    self._drop(key)
+                    self._entries[FrameKey(key)] = (frame, nbytes_of(frame))
+                    self._bytes += nbytes_of(frame)
+            return
+        with self._lock:
             for held in (key, FrameKey(key)):
                 if held in self._entries:
                     self._drop(held)
 
-    def _keep_frame(self, key: Hashable, chunk: object) -> bool:
+    def _frame_of(self, key: Hashable, chunk: object) -> object | None:
         try:
-            frame = self.shrink(key, chunk) if self.shrink is not None else None
+            return self.shrink(key, chunk) if self.shrink is not None else None
         except Exception:  # a frame only spares a later read: go on without it
-            frame = None
+            return None
+
+    def _keep_frame(self, key: Hashable, chunk: object) -> bool:
+        frame = self._frame_of(key, chunk)
         if frame is None:
             return False
         frame_size = nbytes_of(frame)

@@ -210,10 +210,11 @@ class SweepReads:
                 self._done.discard(self._low)
                 self._low += 1
                 self._stalled_since = None
-            if self._low > low:
-                for (held, _), condition in self._held.items():
-                    if held - self._spread <= self._low:
-                        condition.notify()
+            if self._low == low:
+                return  # nothing new below the mark: nothing to let go (most reads)
+            for (held, _), condition in self._held.items():
+                if held - self._spread <= self._low:
+                    condition.notify()
             stop = int(np.searchsorted(self._last, self._low))
             retire = self._by_last[self._next_retire : stop]
             self._next_retire = max(self._next_retire, stop)
