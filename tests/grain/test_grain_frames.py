@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import dask.array as dsa
 import numpy as np
 import pytest
@@ -126,6 +128,30 @@ def test_cache_evicts_chunks_before_frames_and_serves_from_a_frame():
     assert whole and value.sum() == 10  # the frame could not serve: the chunk is loaded
     assert cache.stats().loads == 5
     assert FrameKey("a") not in cache._entries  # the chunk replaced its frame
+
+
+def test_a_frame_is_cut_outside_the_lock_and_a_chunk_reloaded_meanwhile_is_kept_whole():
+    reloaded = []
+
+    def shrink(key, value):
+        # Another thread drops and reloads the chunk while its frame is cut.
+        other = threading.Thread(
+            target=lambda: (
+                cache.release(key),
+                reloaded.append(cache.get(key, lambda: np.ones(10, np.uint8))),
+            )
+        )
+        other.start()
+        other.join(timeout=5)
+        return [value[:2].copy()]
+
+    cache = ChunkCache(max_bytes=100, shrink=shrink)
+    cache.get("a", lambda: np.zeros(10, np.uint8))
+    cache.release("a", keep_frame=True)
+    assert len(reloaded) == 1  # the other thread was not held by the cut
+    assert FrameKey("a") not in cache._entries  # the frame of the old chunk is not kept
+    assert cache.get("a", lambda: 1 / 0) is reloaded[0]
+    assert cache.stats().cached_bytes == 10
 
 
 def test_the_fingerprint_names_the_grouping_so_a_checkpoint_cannot_change_order():
