@@ -265,6 +265,25 @@ def test_where_the_store_answers_late_more_reads_are_in_flight_than_the_cache_ke
     assert stats.peak_bytes <= 12 * chunk
 
 
+def test_the_variables_of_a_chunk_on_a_store_that_answers_late_are_fetched_side_by_side(
+    tmp_path,
+):
+    from zarr.storage import LocalStore
+
+    rng = np.random.default_rng(4)
+    values = {name: rng.integers(0, 99, (16, 16)).astype("int16") for name in "abc"}
+    xr.Dataset({name: (("y", "x"), v) for name, v in values.items()}).to_zarr(
+        tmp_path / "s.zarr", encoding={n: {"chunks": (16, 16)} for n in values}, consolidated=False
+    )
+    slow = CountingLatencyStore.over(LocalStore(tmp_path / "s.zarr", read_only=True), 0.05)
+    src = xr.open_zarr(slow, consolidated=False).patch(y=8, x=8).to_grain()
+    type(slow).most = 0  # opening read the metadata
+    item = src[0]  # one chunk of each variable: three reads of 50 ms
+    assert type(slow).most == 3
+    for name in "abc":
+        np.testing.assert_array_equal(item[name], values[name][:8, :8])
+
+
 def test_a_zarr_opened_by_xarray_is_read_from_the_store_without_dask(tmp_path):
     values = np.random.default_rng(0).integers(0, 1000, (2, 48, 48)).astype("uint16")
     xr.Dataset({"v": (("band", "y", "x"), values)}).to_zarr(

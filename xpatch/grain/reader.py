@@ -30,7 +30,7 @@ from xpatch.core.extract import check_pad_value
 from xpatch.core.padding import fill_padded
 from xpatch.core.plan import ChunkGrid
 from xpatch.core.sweep import chunk_uses
-from xpatch.grain.zarr_chunks import ZarrChunks, zarr_array_under
+from xpatch.grain.zarr_chunks import ZarrChunks, side_by_side, zarr_array_under
 from xpatch.xarray.variables import is_dask_backed
 
 #: Chunks read in one call of the store when patches are read in index order: the chunk
@@ -423,24 +423,36 @@ class PatchReader:
 
     def _load_region(self, region: Sequence[slice]) -> dict[Hashable, np.ndarray]:
         """Each variable read from chunks over ``region`` (a box of whole chunks), read-only."""
+        lazy = [plan for plan in self.plans if plan.lazy]
+        waiting = [plan for plan in lazy if getattr(plan.stored, "waits_on_store", False)]
+        if len(waiting) < 2:
+            # The calling thread computes: Grain's read threads and worker processes
+            # are the parallelism; a nested thread pool would contend.
+            return {plan.name: self._read_variable(plan, region) for plan in lazy}
+        # Variables on an object store wait for bytes side by side, not one after another.
+        reads = [lambda plan=plan: self._read_variable(plan, region) for plan in waiting]
+        fetched = dict(zip([plan.name for plan in waiting], side_by_side(reads, "fetch")))
         loaded = {}
-        for plan in self.plans:
-            if plan.lazy:
-                # The calling thread computes: Grain's read threads and worker
-                # processes are the parallelism; a nested thread pool would contend.
-                slices = [region[j] for j in plan.columns]
-                if plan.stored is not None:
-                    index = [slice(None)] * plan.var.ndim
-                    for ax, sl in zip(plan.axes, slices):
-                        index[ax] = sl
-                    value = np.asarray(plan.stored[tuple(index)])
-                else:
-                    value = read_region(plan.var.data, plan.axes, slices)
-                # A view: the block may be the one the caller's dask graph holds.
-                value = value.view()
-                value.setflags(write=False)
-                loaded[plan.name] = value
+        for plan in lazy:  # in the plans' order, as read one after another
+            fetched_value = fetched.get(plan.name)
+            loaded[plan.name] = (
+                self._read_variable(plan, region) if fetched_value is None else fetched_value
+            )
         return loaded
+
+    def _read_variable(self, plan: VariablePlan, region: Sequence[slice]) -> np.ndarray:
+        slices = [region[j] for j in plan.columns]
+        if plan.stored is not None:
+            index = [slice(None)] * plan.var.ndim
+            for ax, sl in zip(plan.axes, slices):
+                index[ax] = sl
+            value = np.asarray(plan.stored[tuple(index)])
+        else:
+            value = read_region(plan.var.data, plan.axes, slices)
+        # A view: the block may be the one the caller's dask graph holds.
+        value = value.view()
+        value.setflags(write=False)
+        return value
 
     def frame_of(self, key: tuple, chunk: dict) -> list | None:
         """Return the frame to keep of the evicted chunk under cache key ``key``, or None."""

@@ -23,9 +23,10 @@ import os
 import threading
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from itertools import product
+from typing import Literal, TypeVar
 
 import numpy as np
 
@@ -36,17 +37,46 @@ from xpatch.grain.store_wait import note_store_wait, store_wait
 _PLAIN_WRAPPERS = ("ImplicitToExplicitIndexingAdapter", "CopyOnWriteArray", "LazilyIndexedArray")
 
 
-_pool: tuple[int, ThreadPoolExecutor] | None = None
+#: Threads that wait for an object store's bytes, the variables of a chunk side by side.
+FETCH_THREADS = 16
+
+_pools: dict[str, tuple[int, ThreadPoolExecutor]] = {}
 _pool_lock = threading.Lock()
+T = TypeVar("T")
 
 
-def _decoding_pool() -> ThreadPoolExecutor:
-    # One per process: a pool inherited through fork has no threads behind it.
-    global _pool
+def _process_pool(kind: Literal["decode", "fetch"]) -> ThreadPoolExecutor:
+    # One per process: a pool inherited through fork has no threads behind it. Decoding
+    # is work (as many threads as cores); fetching from an object store is waiting.
     with _pool_lock:
-        if _pool is None or _pool[0] != os.getpid():
-            _pool = (os.getpid(), ThreadPoolExecutor(os.cpu_count() or 1, "xpatch-zarr"))
-        return _pool[1]
+        held = _pools.get(kind)
+        if held is None or held[0] != os.getpid():
+            size = os.cpu_count() or 1 if kind == "decode" else FETCH_THREADS
+            held = _pools[kind] = (os.getpid(), ThreadPoolExecutor(size, f"xpatch-{kind}"))
+        return held[1]
+
+
+def side_by_side(reads: Sequence[Callable[[], T]], kind: Literal["decode", "fetch"]) -> list[T]:
+    """Return the results of ``reads`` run side by side in this process's ``kind`` pool.
+
+    Each waited for its store (:mod:`xpatch.grain.store_wait`) on a thread of the
+    pool; the caller notes the longest of those waits as its own.
+
+    Examples
+    --------
+    >>> side_by_side([lambda: 1, lambda: 2], "fetch")
+    [1, 2]
+    """
+
+    def timed(read: Callable[[], T]) -> tuple[T, float]:
+        with store_wait() as waited:
+            value = read()
+        return value, waited.seconds
+
+    pool = _process_pool(kind)
+    results = [future.result() for future in [pool.submit(timed, read) for read in reads]]
+    note_store_wait(max((seconds for _, seconds in results), default=0.0))
+    return [value for value, _ in results]
 
 
 def zarr_array_under(stored: object) -> object | None:
@@ -102,7 +132,12 @@ class ZarrChunks:
     """
 
     def __init__(self, array, codecs: tuple, chunk_shape: tuple[int, ...]) -> None:
+        from zarr.abc.store import SupportsGetSync
+
         self.array = array
+        #: Whether reads wait for an object store (bytes only on zarr's event loop):
+        #: several variables' chunks are then best fetched side by side.
+        self.waits_on_store = not isinstance(array.store_path.store, SupportsGetSync)
         self.shape = tuple(array.shape)
         self.dtype = np.dtype(array.dtype)
         self.ndim = len(self.shape)
@@ -203,21 +238,18 @@ class ZarrChunks:
             return chunk[cut]
         out = np.empty([stop - start for start, stop in bounds], self.dtype)
 
-        def place(chunk_coords: tuple[int, ...]) -> float:
-            with store_wait() as waited:
-                chunk = self._decoded(chunk_coords)
+        def place(chunk_coords: tuple[int, ...]) -> None:
+            chunk = self._decoded(chunk_coords)
             target, source = [], []
             for (start, stop), i, c in zip(bounds, chunk_coords, self._chunk_shape):
                 lo, hi = max(start, i * c), min(stop, (i + 1) * c)
                 target.append(slice(lo - start, hi - start))
                 source.append(slice(lo - i * c, hi - i * c))
             out[tuple(target)] = chunk[tuple(source)]
-            return waited.seconds
 
         # Several chunks are decoded side by side, as zarr would (patches read in index
         # order, a run of 4 chunks per read: 0.8-0.9x the floor so, 1.2x one by one).
-        waits = [done.result() for done in [_decoding_pool().submit(place, c) for c in coords]]
-        note_store_wait(max(waits))  # fetched side by side: the reader waited the longest
+        side_by_side([lambda c=c: place(c) for c in coords], "decode")
         return out
 
     def _chunk_specs(self) -> list:
