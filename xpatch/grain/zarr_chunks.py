@@ -51,7 +51,7 @@ def _process_pool(kind: Literal["decode", "fetch"]) -> ThreadPoolExecutor:
     with _pool_lock:
         held = _pools.get(kind)
         if held is None or held[0] != os.getpid():
-            size = os.cpu_count() or 1 if kind == "decode" else FETCH_THREADS
+            size = (os.cpu_count() or 1) if kind == "decode" else FETCH_THREADS
             held = _pools[kind] = (os.getpid(), ThreadPoolExecutor(size, f"xpatch-{kind}"))
         return held[1]
 
