@@ -311,7 +311,10 @@ class SweepReads:
         current = int(np.searchsorted(self._first, self._frontier, side="right"))
         if not self._reached or current > self._reached[-1][1]:  # a chunk reached: new pace
             self._reached.append((time.monotonic(), current))
-            self._late = reads_landing_late(self._read_seconds, self._reached, self._ahead)
+            # Room for one read ahead is a cache with none to spare for an early landing
+            # (sweep_budget gives 1 when the budget barely holds the sweep): none is sent.
+            if self._ahead > 1:
+                self._late = reads_landing_late(self._read_seconds, self._reached, self._ahead)
         stop = min(current + self._ahead + self._late, len(self._first))
         due = self._by_first[self._next_ahead : stop]
         self._next_ahead = max(self._next_ahead, stop)
