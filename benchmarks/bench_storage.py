@@ -23,7 +23,8 @@ same run, and every ratio is printed beside its target (nothing is asserted):
 
 Chunk loads and the most bytes the cache held at once ("peak") are the sources'
 own counters (:meth:`~xpatch.grain.PatchSource.cache_stats`); reads in flight
-hold no bytes until they land in the cache.
+hold no bytes until they land in the cache. "Cores busy" is the CPU seconds of all
+threads over the wall seconds.
 """
 
 from __future__ import annotations
@@ -172,7 +173,11 @@ class Epoch:
 
     @property
     def cores(self) -> float:
-        """Cores kept busy on average: 2 on this machine is CPU-bound, less is waiting."""
+        """Cores kept busy on average: CPU seconds over wall seconds.
+
+        Fewer than the machine has is waiting (for a store, or for Python's
+        interpreter lock); as many is bound by the work itself.
+        """
         return self.cpu_seconds / self.seconds
 
 
