@@ -277,8 +277,7 @@ class ChunkCache:
                 # One dropped or replaced meanwhile keeps what it has now.
                 if frame is not None and self._entries.get(key) is entry:
                     self._drop(key)
-                    self._entries[FrameKey(key)] = (frame, nbytes_of(frame))
-                    self._bytes += nbytes_of(frame)
+                    self._hold_frame(key, frame)
             return
         with self._lock:
             for held in (key, FrameKey(key)):
@@ -295,10 +294,13 @@ class ChunkCache:
         frame = self._frame_of(key, chunk)
         if frame is None:
             return False
+        self._hold_frame(key, frame)
+        return True
+
+    def _hold_frame(self, key: Hashable, frame: object) -> None:
         frame_size = nbytes_of(frame)
         self._entries[FrameKey(key)] = (frame, frame_size)
         self._bytes += frame_size
-        return True
 
     def _store(self, key: Hashable, value: object) -> None:
         size = nbytes_of(value)

@@ -432,13 +432,12 @@ class PatchReader:
         # Variables on an object store wait for bytes side by side, not one after another.
         reads = [lambda plan=plan: self._read_variable(plan, region) for plan in waiting]
         fetched = dict(zip([plan.name for plan in waiting], side_by_side(reads, "fetch")))
-        loaded = {}
-        for plan in lazy:  # in the plans' order, as read one after another
-            fetched_value = fetched.get(plan.name)
-            loaded[plan.name] = (
-                self._read_variable(plan, region) if fetched_value is None else fetched_value
-            )
-        return loaded
+        return {  # in the plans' order, as read one after another
+            plan.name: fetched[plan.name]
+            if plan.name in fetched
+            else self._read_variable(plan, region)
+            for plan in lazy
+        }
 
     def _read_variable(self, plan: VariablePlan, region: Sequence[slice]) -> np.ndarray:
         slices = [region[j] for j in plan.columns]
