@@ -312,8 +312,8 @@ def test_a_model_returning_the_wrong_shape_is_told_what_a_forecast_needs():
     fc = data.patch(time=Forecast(["-6h", "0h"], ["6h"]), lat=16, lon=32)
     with pytest.raises(xpatch.PredictionError, match=r"needs \(\d+, 1, 16, 32\)"):
         fc.apply(lambda x: x)
-    with pytest.raises(OptionError, match="DataArray"):
-        era5_like().patch(time=Forecast(["0h"], ["6h"])).apply(persistence)
+    with pytest.raises(xpatch.PredictionError, match="return a dict"):  # a Dataset's model
+        era5_like().patch(time=Forecast(["0h"], ["6h"])).apply(lambda x: x["t2m"][:, -1:])
     with pytest.raises(OptionError, match="output_dims"):
         fc.apply(persistence, output_dims={"lead": 1})
 

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable, Hashable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
+import dask.array
 import numpy as np
 import xarray as xr
 
@@ -21,6 +22,7 @@ from xpatch.core.errors import DimensionError, OptionError, PredictionError
 from xpatch.core.samplers import Anchors
 from xpatch.forecast.stencil import Forecast, OriginPlan, SkippedOrigins, plan_origins
 from xpatch.patcher import Patcher
+from xpatch.xarray.apply import output_names, per_output
 from xpatch.xarray.layout import size_mapping
 
 #: Layout options that concern the spatial patches only.
@@ -140,6 +142,7 @@ class ForecastPatcher:
         sizes = {dim: self.plan.window, **spatial}
         self.patcher = Patcher(obj, sizes, stride, **inner_options)
         self._starts = starts
+        self._space, self._space_dims = space, space_dims
         self._spatial = (spatial, stride, spatial_options, options.get("window"))
 
     def __len__(self) -> int:
@@ -216,30 +219,61 @@ class ForecastPatcher:
         inner = self.patcher.to_grain(weights=False, **options)
         return ForecastSource(self, inner)
 
-    def apply(self, fn: Callable, batch_size: int = 64, **options: Any) -> xr.DataArray:
+    def apply(
+        self,
+        fn: Callable,
+        batch_size: int = 64,
+        *,
+        output_dims: Mapping[Hashable, Any] | None = None,
+        **options: Any,
+    ) -> xr.DataArray | xr.Dataset:
         """Run a forecast model over every sample and put its outputs on the grid.
 
         ``fn(inputs) -> targets`` takes numpy batches ``(b, inputs, *carried, *patch)``
         (``inputs`` the input times in order; ``carried`` the input's other dims that are
         not patched, the whole field's without spatial sizes; ``patch`` the spatial
-        patch) and returns ``(b, targets, *carried, *patch)``: the input times replaced
-        by the target times. Overlapping spatial patches blend as
-        :meth:`xpatch.Patcher.apply` blends them, lazily for lazy input.
+        patch, in the order of the patched dims) and returns ``(b, targets, *carried,
+        *patch)``: the input times replaced by the target times. With a halo ``patch``
+        is the grown patch, and ``fn`` returns either it or the inner patch (a model
+        that crops). The patches are the layout's (its ``sampler`` and ``min_valid``
+        included; cells no patch covers are NaN), one per spatial patch and origin;
+        overlapping ones blend as :meth:`xpatch.Patcher.apply` blends them, lazily for
+        lazy input.
+
+        A Dataset's ``fn`` takes ``{variable: batch}`` of the input variables (a
+        static field, one without the time dim, as ``(b, *carried, *patch)``: once
+        per sample, as its training samples serve it; its patch lacks the patched
+        dims it does not have) and returns ``{output: batch}``, by default one per
+        target variable.
+
+        Parameters
+        ----------
+        fn
+            The model, as above.
+        batch_size
+            Largest number of samples per call of ``fn``.
+        output_dims
+            The outputs' dims other than the lead and the patched dims, as
+            :meth:`xpatch.Patcher.apply` takes them: ``{dim: size}`` for a DataArray's
+            one output (default: the input's carried dims); ``{name: {dim: size} |
+            None}`` for outputs ``fn`` returns as a dict (None: the carried dims of
+            the variable of that name, or of the DataArray). A Dataset's default:
+            its target variables, each with its carried dims.
 
         Returns
         -------
-        xarray.DataArray
+        xarray.DataArray or xarray.Dataset
             One target: the input's dims, each result at its origin + lead on the time
             axis (the valid time). Several (a rollout): dims ``(time, lead, ...)``,
             ``time`` the origin, ``lead`` the offsets, and a ``valid_time`` coordinate
-            (origin + lead).
+            (origin + lead). A Dataset of such variables, one per output, when ``fn``
+            returns a dict.
 
         Other Parameters
         ----------------
-        batch_size, **options
+        **options
             As :meth:`xpatch.Patcher.apply` takes them (``dtype``, ``reduce``,
-            ``out_dtype``, ``nodata``, ``pad_batch``, ``task_memory``); the output's
-            dims are the forecast's, not an option.
+            ``out_dtype``, ``nodata``, ``pad_batch``, ``task_memory``).
 
         Examples
         --------
@@ -250,61 +284,225 @@ class ForecastPatcher:
         >>> out = fc.apply(lambda inputs: inputs[:, -1:])  # persistence
         >>> out.time.dt.hour.values.tolist(), out.values.tolist()
         ([12, 18, 0], [1.0, 2.0, 3.0])
+
+        A Dataset with a static field, and a model of one of its variables:
+
+        >>> ds = xr.Dataset({"t": da, "z": 2 * da, "oro": ((), 10.0)})
+        >>> fc = ds.patch(time=xpatch.Forecast(inputs=["0h"], targets=["6h"]))
+        >>> out = fc.apply(lambda x: {"t": x["t"] + x["oro"][:, None]}, output_dims={"t": None})
+        >>> list(out.data_vars), out["t"].values.tolist()
+        (['t'], [10.0, 11.0, 12.0, 13.0])
         """
-        obj = self.patcher.obj
-        if not isinstance(obj, xr.DataArray):
-            raise OptionError(
-                "ForecastPatcher.apply runs a model over a DataArray; pick or stack the "
-                "variables first (ds['t2m'].patch(time=Forecast(...)), or ds.to_dataarray())."
-            )
-        for option in ("output_dims", "scale", "weights"):
+        for option in ("scale", "weights"):
             if option in options:
                 raise OptionError(
                     f"{option}= is not an option of a forecast's apply: its outputs are "
                     "the targets, one per lead, on the input's grid."
                 )
-        origin, history = "__xpatch_origin__", "__xpatch_inputs__"
-        positions = xr.DataArray(self.plan.inputs, dims=(origin, history))
-        stacked = obj.isel({self.dim: positions}).drop_vars(self.dim, errors="ignore")
-        stacked = stacked.transpose(origin, history, ...)
+        if not callable(fn):
+            raise OptionError(f"fn={fn!r} is not callable; pass fn(inputs) -> targets.")
         spatial, stride, spatial_options, window = self._spatial
+        order = [d for d in self.patcher.dims if d != self.dim]  # the patch's axes
+        sizes = dict(zip(self.patcher.dims, self.patcher.layout.plan.size))
+        inner_patch = tuple(int(sizes[d]) for d in order)
+        outputs, returns_dict = self._outputs(output_dims, options, order)
+        pieces, stacked = self._stacked_inputs(order)
+        origin = stacked.dims[0]
+
         strides = {origin: 1}
         if isinstance(stride, Mapping):
             strides.update(stride)
         elif stride is not None:
             strides.update(dict.fromkeys(spatial, stride))
+        grid_options = {
+            k: v for k, v in spatial_options.items() if k not in ("sampler", "min_valid")
+        }
         if window is not None:
-            spatial_options = {**spatial_options, "window": window}
-        spatial_options.pop("sampler", None)
-        spatial_options.pop("min_valid", None)
-        if isinstance(spatial_options.get("halo"), int):  # not along the origins
-            spatial_options["halo"] = dict.fromkeys(spatial, spatial_options["halo"])
-        grid = Patcher(stacked, {origin: 1, **spatial}, strides, **spatial_options)
+            grid_options["window"] = window
+        if isinstance(grid_options.get("halo"), int):  # not along the origins
+            grid_options["halo"] = dict.fromkeys(spatial, grid_options["halo"])
+        # The layout's own patches (its sampler and min_valid chose them), at every origin.
+        origins = len(self.plan.origins)
+        anchors = {origin: np.repeat(np.arange(origins), self.spatial_count)}
+        for j, d in enumerate(self._space_dims):
+            anchors[d] = np.tile(self._space[:, j], origins)
+        grid_options["sampler"] = Anchors(anchors)
+        grid = Patcher(stacked, {origin: 1, **spatial}, strides, **grid_options)
         leads = self.plan.targets.shape[1]
-        carried = {d: stacked.sizes[d] for d in stacked.dims[2:] if d not in spatial}
-        axis = 2 + len(carried)  # the size-1 origin axis in fn's batch, after the carried
-
-        def per_origin(batch: np.ndarray) -> np.ndarray:
-            inputs = np.take(batch, 0, axis=axis)
-            result = np.asarray(fn(inputs))
-            expected = (len(batch), leads, *inputs.shape[2:])
-            if result.shape != expected:
-                raise PredictionError(
-                    f"fn returned a batch of shape {result.shape}; a forecast of {leads} "
-                    f"target time(s) needs {expected}: the input times replaced by the "
-                    "target times, every other dim kept."
-                )
-            return np.expand_dims(result, axis=axis)
-
         lead = "lead"
-        output_dims = {lead: leads, **carried}
-        out = grid.apply(per_origin, batch_size, output_dims=output_dims, **options)
-        out = out.rename({origin: self.dim})
-        others = [d for d in obj.dims if d != self.dim]
-        if leads == 1:
+        internal = {name: f"__xpatch_output_{k}__" for k, name in enumerate(outputs)}
+
+        def per_origin(batch: np.ndarray) -> dict[str, np.ndarray]:
+            inputs = np.take(batch, 0, axis=2)  # (b, channels, *patch): the origin axis off
+            patch = inputs.shape[2:]
+            given = {name: piece.unpack(inputs) for name, piece in pieces.items()}
+            result = fn(given[None] if None in given else given)
+            if returns_dict:
+                if not isinstance(result, Mapping) or set(result) != set(outputs):
+                    got = sorted(result) if isinstance(result, Mapping) else type(result).__name__
+                    raise PredictionError(
+                        f"fn returned {got!r}; this forecast's apply declared the outputs "
+                        f"{sorted(outputs)!r}: return a dict with exactly those keys (or "
+                        "declare others with output_dims={name: {dim: size} | None})."
+                    )
+            else:
+                result = {None: result}
+            blended = {}
+            for name, dims in outputs.items():
+                values = np.asarray(result[name])
+                head = (len(batch), leads, *dims.values())
+                if values.shape not in ((*head, *patch), (*head, *inner_patch)):
+                    what = "fn returned" if name is None else f"fn's output {name!r} is"
+                    crop = (
+                        "" if patch == inner_patch else f" (or the inner {(*head, *inner_patch)})"
+                    )
+                    raise PredictionError(
+                        f"{what} a batch of shape {values.shape}; a forecast of {leads} "
+                        f"target time(s) needs {(*head, *patch)}{crop}: the input times "
+                        "replaced by the target times, every other dim kept."
+                    )
+                blended[internal[name]] = np.expand_dims(values, axis=2 + len(dims))
+            return blended
+
+        declared = {internal[name]: {lead: leads, **dims} for name, dims in outputs.items()}
+        for option in ("dtype", "out_dtype"):  # keyed by the user's names: by ours inside
+            if isinstance(options.get(option), Mapping):
+                options[option] = {internal[k]: v for k, v in options[option].items()}
+        out = grid.apply(per_origin, batch_size, output_dims=declared, **options)
+        results = {
+            name: self._dress(out[internal[name]].rename({origin: self.dim}), name, dims, order)
+            for name, dims in outputs.items()
+        }
+        return results[None] if None in results else xr.Dataset(results)
+
+    def _outputs(
+        self, output_dims: Any, options: Mapping[str, Any], order: list
+    ) -> tuple[dict[Hashable, dict[Hashable, int]], bool]:
+        # Each output's dims besides the lead and the patched ones (None: the DataArray's
+        # one output), and whether fn returns a dict; checked before any work.
+        obj = self.patcher.obj
+        single = isinstance(obj, xr.DataArray)
+        names = output_names(output_dims, options.get("dtype"), options.get("out_dtype"))
+
+        def carried(name: Hashable | None) -> dict[Hashable, int]:
+            var = obj if single else obj[name]
+            return {d: var.sizes[d] for d in var.dims if d != self.dim and d not in order}
+
+        if names is None and not single:
+            if output_dims is not None:
+                raise OptionError(
+                    f"output_dims={output_dims!r} declares one output; a Dataset's forecast "
+                    "model returns a dict: key output_dims by its outputs, e.g. "
+                    "{'t2m': None} (None: the variable's own dims)."
+                )
+            names = list(self._target_variables)
+            output_dims = dict.fromkeys(names)
+        if names is None:
+            outputs = {None: carried(None) if output_dims is None else dict(output_dims)}
+        else:
+            outputs = {}
+            for name in names:
+                dims = output_dims.get(name) if per_output(output_dims) else None
+                if dims is None:
+                    if not single and (name not in obj.data_vars or self.dim not in obj[name].dims):
+                        raise OptionError(
+                            f"output_dims gives the output {name!r} None, the dims of the "
+                            f"variable of that name; the Dataset has no such variable with the "
+                            f"{self.dim!r} dim. Declare its dims: {{{name!r}: {{}}}}."
+                        )
+                    dims = carried(name)
+                    if not single and not set(order) <= set(obj[name].dims):
+                        raise OptionError(
+                            f"the output {name!r} lacks patched dims "
+                            f"{sorted(set(order) - set(obj[name].dims), key=str)!r}: a "
+                            "forecast's outputs are blended on the whole patched grid."
+                        )
+                outputs[name] = dict(dims)
+        for dims in outputs.values():
+            bad = [d for d in dims if d in (self.dim, "lead", *order)]
+            sizes_ok = all(
+                isinstance(n, int | np.integer) and not isinstance(n, bool) and n > 0
+                for n in dims.values()
+            )
+            if bad or not sizes_ok:
+                raise OptionError(
+                    f"output_dims={output_dims!r}: the output's dims {dims!r} must map dims "
+                    f"other than the time dim {self.dim!r}, 'lead' and the patched dims "
+                    f"{order!r} to positive sizes, e.g. {{'level': 3}}."
+                )
+        return outputs, names is not None
+
+    def _stacked_inputs(self, order: list) -> tuple[dict[Hashable, _Piece], xr.DataArray]:
+        # Every origin's inputs as one array (origin, channel, *patched dims), the
+        # channel axis holding each variable's input times and carried dims in turn:
+        # a static field once per origin, broadcast along the patched dims it lacks.
+        obj = self.patcher.obj
+        single = isinstance(obj, xr.DataArray)
+        variables = {None: obj} if single else {v: obj[v] for v in self._input_variables}
+        origin, history = "__xpatch_origin__", "__xpatch_inputs__"
+        positions = xr.DataArray(self.plan.inputs, dims=(origin, history))
+        origins = len(self.plan.origins)
+        pieces, arrays, start = {}, [], 0
+        for name, var in variables.items():
+            var = var.drop_vars(list(var.coords))
+            carried = [d for d in var.dims if d != self.dim and d not in order]
+            lacking = [d for d in order if d not in var.dims]
+            if self.dim in var.dims:
+                var = var.isel({self.dim: positions})
+                lead = [history, *carried]
+            else:
+                var = var.expand_dims({origin: origins})
+                lead = list(carried)
+            var = var.expand_dims({d: obj.sizes[d] for d in lacking})
+            var = var.transpose(origin, *lead, *order)
+            shape = tuple(var.sizes[d] for d in lead)
+            width = int(np.prod(shape, dtype=np.int64))
+            data = var.data.reshape(origins, width, *(obj.sizes[d] for d in order))
+            arrays.append(data)
+            axes = [1 + len(shape) + order.index(d) for d in lacking]
+            pieces[name] = _Piece(start, start + width, shape, tuple(axes), var.dtype)
+            start += width
+        dtype = np.result_type(*(piece.dtype for piece in pieces.values()))
+        arrays = [a.astype(dtype, copy=False) for a in arrays]
+        if any(isinstance(a, dask.array.Array) for a in arrays):
+            data = dask.array.concatenate([dask.array.asarray(a) for a in arrays], axis=1)
+        else:
+            data = np.concatenate(arrays, axis=1) if len(arrays) > 1 else arrays[0]
+        coords = {
+            k: c.variable for k, c in obj.coords.items() if c.dims and set(c.dims) <= set(order)
+        }
+        stacked = xr.DataArray(data, dims=(origin, "__xpatch_channel__", *order), coords=coords)
+        if single:  # its nodata and attributes carry to the output, as Patcher.apply's do
+            stacked.attrs, stacked.encoding = dict(obj.attrs), dict(obj.encoding)
+        return pieces, stacked
+
+    def _dress(
+        self, out: xr.DataArray, name: Hashable | None, dims: Mapping, order: list
+    ) -> xr.DataArray:
+        # One output at its valid times (one lead) or origins and leads, in the input's
+        # dim order when it keeps the input's dims, with the carried dims' coordinates.
+        obj = self.patcher.obj
+        like = obj if name is None else obj[name] if name in obj.data_vars else None
+        if like is not None:
+            out = out.assign_coords(
+                {
+                    k: c.variable
+                    for k, c in like.coords.items()
+                    if c.dims
+                    and self.dim not in c.dims
+                    and k not in out.coords
+                    and all(out.sizes.get(d) == n for d, n in c.sizes.items())
+                }
+            )
+            if name is not None:
+                out.attrs = {**like.attrs, **out.attrs}
+        keeps = like is not None and set(out.dims) - {"lead"} == set(like.dims)
+        others = [d for d in like.dims if d != self.dim] if keeps else [*dims, *order]
+        lead = "lead"
+        if self.plan.targets.shape[1] == 1:
             valid = self._labels[self.plan.targets[:, 0]]
             out = out.isel({lead: 0}).assign_coords({self.dim: valid})
-            return out.transpose(*obj.dims)
+            return out.transpose(*like.dims) if keeps else out.transpose(self.dim, *others)
         out = out.assign_coords(
             {self.dim: self._labels[self.plan.origins], lead: self.plan.target_offsets}
         )
@@ -353,3 +551,21 @@ def _roles(obj: xr.DataArray | xr.Dataset, dim: Hashable, forecast: Forecast) ->
     if not targets:
         raise OptionError(f"the Dataset has no variable with the {dim!r} dim to forecast.")
     return inputs, targets, forcings
+
+
+class _Piece(NamedTuple):
+    """Where one input variable sits in the stacked inputs' channels, and its shape."""
+
+    start: int
+    stop: int
+    shape: tuple[int, ...]  # its input times (none for a static field) and carried dims
+    lacking: tuple[int, ...]  # the axes of the patched dims it lacks, broadcast
+    dtype: np.dtype
+
+    def unpack(self, inputs: np.ndarray) -> np.ndarray:
+        """Return ``(b, *shape, *patch)`` of a batch ``(b, channels, *patch)``."""
+        part = inputs[:, self.start : self.stop].reshape(
+            len(inputs), *self.shape, *inputs.shape[2:]
+        )
+        part = part[tuple(0 if a in self.lacking else slice(None) for a in range(part.ndim))]
+        return part.astype(self.dtype, copy=False)

@@ -46,6 +46,11 @@ class ForecastSource(Source):
                 for name in inner.variables
             }
         self._roles = forecast.roles()
+        # Inputs the window source does not serve: those without any patched dim (a
+        # static field of a whole-field forecast). Read whole, once per process, on first use.
+        input_names = self._roles[0] or []
+        self._whole = [v for v in input_names if str(v) not in self._axes]
+        self._whole_values: dict[str, np.ndarray] = {}
         positions = [forecast.relative_positions(o) for o in range(len(forecast.plan.origins))]
         self._inputs = [inputs for inputs, _ in positions]
         self._targets = [targets for _, targets in positions]
@@ -87,9 +92,23 @@ class ForecastSource(Source):
         }
 
     def _take(self, item: dict, name: Hashable, positions: np.ndarray) -> np.ndarray:
+        if name in self._whole:
+            return self._whole_field(name)
         axis = self._axes[str(name)]
         values = item[str(name)]
         return values if axis is None else np.take(values, positions, axis=axis)
+
+    def _whole_field(self, name: Hashable) -> np.ndarray:
+        # Read once; each sample gets its own copy, writable like its other arrays.
+        values = self._whole_values.get(str(name))
+        if values is None:
+            values = np.asarray(self._forecast.patcher.obj[name].values)
+            self._whole_values[str(name)] = values
+        return values.copy()
+
+    def __getstate__(self) -> dict:
+        # A worker reads the static fields again rather than receiving them pickled.
+        return {**self.__dict__, "_whole_values": {}}
 
     def __repr__(self) -> str:
         return f"xpatch.ForecastSource({len(self)} samples; {self._forecast!r})"
@@ -103,8 +122,8 @@ class ForecastSource(Source):
 
     @property
     def variables(self) -> tuple[str, ...]:
-        """The variables read (both roles)."""
-        return self._inner.variables
+        """The variables read (every role; a static field the windows lack at the end)."""
+        return (*self._inner.variables, *(str(v) for v in self._whole))
 
     @property
     def inner(self) -> PatchSource:
