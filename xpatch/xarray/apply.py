@@ -19,7 +19,14 @@ from numpy.typing import ArrayLike, DTypeLike
 
 from xpatch.core.apply import Apply, BatchFunction, Output, apply_dask, apply_numpy
 from xpatch.core.apply.memory import task_memory
-from xpatch.core.blend.reductions import ReduceOption, Reduction, as_reduction, label_dtype
+from xpatch.core.blend.dtypes import check_rounds_exactly, plan_most_covering
+from xpatch.core.blend.reductions import (
+    SUM,
+    ReduceOption,
+    Reduction,
+    as_reduction,
+    label_dtype,
+)
 from xpatch.core.blend.weighted import check_weights
 from xpatch.core.errors import DimensionError, OptionError
 from xpatch.core.extract import check_pad_value
@@ -346,6 +353,7 @@ def apply(
             reduce,
             nodata,
             weighted=options.weights is not None,
+            window=grid.window,
         )
         for name in (names or [None])
     }
@@ -378,7 +386,9 @@ def apply(
         arrays = apply_numpy(np.asarray(data), reading.plan, inference, out_plan, patch_weights)
     results = {}
     for name, (dims, declared, stored, own) in specs.items():
-        out = _dress(layout, grid, arrays[name], dims, reduce, own, stored)
+        given = pick(out_dtype, name, names)
+        what = f"out_dtype={given!r}" if given is not None else f"out_dtype=None (kept {stored})"
+        out = _dress(layout, grid, arrays[name], dims, reduce, own, stored, what)
 
         def facts(name=name, dims=dims, declared=declared, out=out, own=own) -> dict:
             weighed = (
@@ -462,6 +472,7 @@ def _output_spec(
     reduce: Reduction,
     nodata: NodataOption,
     weighted: bool = False,
+    window: Any = None,
 ) -> OutputSpec:
     """One output's non-patched dims, declared and stored dtypes and nodata value, checked.
 
@@ -492,6 +503,8 @@ def _output_spec(
         nodata = None
     if stored is None:
         stored = default_out_dtype(dtype, reduce, layout.plan, obj, nodata)
+        if stored is not None and not rounds_back(reduce, dtype, window):
+            stored = None  # the float64 blend: an int64 of it would look exact and be rounded
     else:
         check_stored_nodata(stored, layout.plan, obj, nodata, f"out_dtype={out_dtype!r}")
     return OutputSpec(output_dims, dtype, stored, nodata)
@@ -542,9 +555,21 @@ def _dress(
     reduce: Reduction,
     nodata: NodataOption,
     stored: np.dtype | None,
+    what: str = "out_dtype",
 ) -> xr.DataArray:
-    """One output's blend as a DataArray on the input's grid, with its nodata and dtype."""
+    """One output's blend as a DataArray on the input's grid, with its nodata and dtype.
+
+    A float blend of a mean or sum stored as integers is refused, when computed,
+    where float64 may have rounded it to another integer (:func:`check_rounds_exactly`,
+    ``what`` names the stored dtype).
+    """
     obj = layout.obj
+    if stored is not None and stored.kind in "iu" and out.dtype.kind == "f" and reduce.sums:
+        most = plan_most_covering(grid.plan)
+        if isinstance(out, da.Array):
+            out = out.map_blocks(check_rounds_exactly, most, stored, what, dtype=out.dtype)
+        else:
+            out = check_rounds_exactly(out, most, stored, what)
     out = reduce.finalize(out, axis=0)  # a label map drops the class dim (first)
     lead = {} if reduce.reduces_lead else output_dims
     result = xr.Variable((*lead, *layout.dims), out)
@@ -553,6 +578,30 @@ def _dress(
     coords = output_coords(layout, xr.Dataset(), dict(zip(result.dims, result.shape)), grid)
     dressed = applied(result, obj, coords, nodata, resampler(grid))
     return dressed if stored is None else cast_stored(dressed, stored)
+
+
+def rounds_back(reduce: Reduction, dtype: np.dtype, window: Any) -> bool:
+    """Whether a blend of ``dtype`` integers is stored in their dtype by default.
+
+    A mean rounds back to its integers (uint16 in, uint16 out), unless they are
+    64-bit and the window is not integral (``"hann"``): such a weighted mean of
+    large values (microsecond timestamps, ~1.7e15) is off by one or two after
+    float64 and ``rint``, so it stays the float64 it is. With an integral window
+    (``"boxcar"``) float64 adds them exactly up to 2**53 / overlaps; past what it
+    rounds right, the int64 result is refused when computed.
+
+    Examples
+    --------
+    >>> from xpatch.core.blend.reductions import MEAN
+    >>> i8 = np.dtype("int64")
+    >>> rounds_back(MEAN, i8, np.ones(4)), rounds_back(MEAN, i8, np.hanning(4))
+    (True, False)
+    >>> rounds_back(MEAN, np.dtype("uint16"), np.hanning(4))
+    True
+    """
+    if not reduce.sums or np.dtype(dtype).itemsize < 8:
+        return True
+    return SUM.exact_integer_dtype(dtype, window) is not None
 
 
 def output_names(output_dims: object, dtype: object, out_dtype: object) -> list[str] | None:

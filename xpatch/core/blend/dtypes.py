@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from xpatch.core.errors import PredictionError
 from xpatch.core.plan import Plan, reaching
 
 
@@ -48,14 +49,37 @@ def _covers_box(anchors: np.ndarray, size: np.ndarray, lo: np.ndarray, hi: np.nd
     reach = reaching(anchors, size, lo, hi)
     if not reach.any():
         return False
-    anchors = anchors[reach]
+    count, halves = _box_counts(anchors[reach], size, lo, hi)
+    if halves is not None:
+        return all(_covers_box(anchors[reach], size, *half) for half in halves)
+    return bool((count > 0).all())
+
+
+def _most_in_box(anchors: np.ndarray, size: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> int:
+    reach = reaching(anchors, size, lo, hi)
+    if not reach.any():
+        return 0
+    count, halves = _box_counts(anchors[reach], size, lo, hi)
+    if halves is not None:
+        return max(_most_in_box(anchors[reach], size, *half) for half in halves)
+    return int(count.max(initial=0))
+
+
+def _box_counts(
+    anchors: np.ndarray, size: np.ndarray, lo: np.ndarray, hi: np.ndarray
+) -> tuple[np.ndarray | None, list | None]:
+    """Patches per cell of the box ``[lo, hi)``, on its grid compressed to the patch edges.
+
+    Returns ``(counts, None)``, or ``(None, halves)``: the two boxes ``(lo, hi)`` to
+    count instead where the compressed grid is large (the axis with most edges halved).
+    """
     starts, ends = np.clip(anchors, lo, hi), np.clip(anchors + size, lo, hi)
     cuts = [np.unique(np.r_[a, b, s, e]) for a, b, s, e in zip(lo, hi, starts.T, ends.T)]
     if np.prod([float(len(c)) for c in cuts]) > 2**20:  # halve the axis with the most edges
         j = int(np.argmax([len(c) for c in cuts]))
         left_hi, right_lo = hi.copy(), lo.copy()
         left_hi[j] = right_lo[j] = cuts[j][len(cuts[j]) // 2]
-        return _covers_box(anchors, size, lo, left_hi) and _covers_box(anchors, size, right_lo, hi)
+        return None, [(lo, left_hi), (right_lo, hi)]
     # Coverage counts on the compressed grid: +-1 at the corners of each patch, then cumsum.
     count = np.zeros([len(c) for c in cuts], dtype=np.int64)
     edges = [
@@ -66,11 +90,38 @@ def _covers_box(anchors: np.ndarray, size: np.ndarray, lo: np.ndarray, hi: np.nd
         np.add.at(count, index, -1 if sum(corner) % 2 else 1)
     for j in range(count.ndim):
         np.cumsum(count, axis=j, out=count)
-    return bool((count[tuple(slice(0, len(c) - 1) for c in cuts)] > 0).all())
+    return count[tuple(slice(0, len(c) - 1) for c in cuts)], None
+
+
+def most_covering(anchors: np.ndarray, size: Sequence[int], shape: Sequence[int]) -> int:
+    """Return the most patches at ``anchors`` that cover one cell of a grid of ``shape``.
+
+    It bounds how many terms a cell's blend adds, hence float64's rounding error.
+
+    Examples
+    --------
+    >>> most_covering(np.array([[0], [2], [4]]), [4], [8]), most_covering(np.zeros(0), [4], [8])
+    (2, 0)
+    """
+    anchors = np.asarray(anchors, dtype=np.int64).reshape(-1, len(shape))
+    size, shape = np.asarray(size, np.int64), np.asarray(shape, np.int64)
+    return _most_in_box(anchors, size, np.zeros_like(shape), shape)
 
 
 #: Plan -> whether its patches cover every cell (a plan is immutable; it is asked once).
 _COVERAGE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+#: Plan -> the most patches that cover one of its cells.
+_MOST: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def plan_most_covering(plan: Plan) -> int:
+    """Return the most patches of ``plan`` that cover one cell of its grid (cached per plan)."""
+    most = _MOST.get(plan)
+    if most is None:
+        most = _MOST[plan] = most_covering(plan.anchors, plan.size, plan.grid.shape)
+    return most
 
 
 def plan_covers(plan: Plan) -> bool:
@@ -99,3 +150,50 @@ def holds_nan(values: np.ndarray) -> bool:
     if values.dtype.kind == "c":  # min orders complex values; keep the plain test
         return bool(np.isnan(values).any())
     return bool(np.isnan(values.min()))
+
+
+def rounding_limit(most: int) -> float:
+    """Return the largest ``|mean|`` that float64 blends of integers round to the right integer.
+
+    A float64 mean of ``most`` overlapping values (Σ w·x / Σ w) is off by at most
+    about ``(2·most + 4)`` units of its last place (2**-53 relative): below this
+    limit that is under half an integer, so ``rint`` gives the integer a blend of
+    agreeing integers is. Above it (int64 values past ~1e14: microsecond timestamps)
+    an integer result may be off by one or more, and would look exact.
+
+    Examples
+    --------
+    >>> rounding_limit(4) == 2**52 / 12, rounding_limit(1) == 2**52 / 6
+    (True, True)
+    """
+    return 2.0**52 / (2 * max(int(most), 1) + 4)
+
+
+def check_rounds_exactly(block: np.ndarray, most: int, stored: np.dtype, what: str) -> np.ndarray:
+    """Return a float blend ``block``, refusing values that ``stored`` would round wrongly.
+
+    ``most``: the most patches covering one cell (:func:`plan_most_covering`);
+    ``what``: how the caller named the stored dtype (``"out_dtype='int64'"``).
+
+    Examples
+    --------
+    >>> check_rounds_exactly(np.array([1.5, np.nan]), 4, np.dtype("int64"), "out_dtype").tolist()
+    [1.5, nan]
+    >>> check_rounds_exactly(np.array([2.0**53]), 4, np.dtype("int64"), "out_dtype='int64'")
+    Traceback (most recent call last):
+    ...
+    xpatch.core.errors.PredictionError: out_dtype='int64': the blend reaches 9.0072e+15, ...
+    """
+    limit = rounding_limit(most)
+    largest = float(np.fmax.reduce(np.abs(block), axis=None, initial=0.0)) if block.size else 0.0
+    if largest > limit:
+        raise PredictionError(
+            f"{what}: the blend reaches {largest:.6g}, past 2**53 / {int(2**53 / limit)} = "
+            f"{limit:.6g}, beyond which a float64 blend of up to {most} overlapping integers "
+            f"(reduce='mean' blends in float64) can be off by one or more after rounding: "
+            f"stored as {stored} it would look exact and be wrong. Subtract an offset "
+            "first (e.g. timestamps minus the first) and add it back after, take "
+            "reduce='max' or 'min' (exact for integers), or keep a float "
+            "(out_dtype='float64')."
+        )
+    return block
