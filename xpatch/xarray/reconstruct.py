@@ -251,7 +251,9 @@ def output_coords(
 ) -> dict:
     """Coordinates of the result: the prediction's (off the patch axes), then the input's.
 
-    The input's are taken on the output ``grid`` (default: the input's own).
+    The input's are taken on the output ``grid`` (default: the input's own). A
+    prediction's coordinate along a dim the result lacks (the class dim a label map
+    of ``reduce="argmax"`` drops) is not the result's.
     """
     dims = set(layout.dims)
     coords: dict[Hashable, xr.Variable] = {}
@@ -261,7 +263,9 @@ def output_coords(
     for name, coord in pred.coords.items():
         if name == grid_mapping:
             continue
-        if PATCH_DIM not in coord.dims and not dims & set(coord.dims):
+        if PATCH_DIM in coord.dims or dims & set(coord.dims):
+            continue
+        if set(coord.dims) <= set(sizes):
             coords[name] = coord.variable
     grid_coordinates = (
         {n: c.variable for n, c in layout.obj.coords.items()}
@@ -292,7 +296,9 @@ def label_variable(
     all 0 there). Predictions may hold NaN anywhere, so the value is kept even
     where the patches cover every cell. Attributes that say how to read stored
     values (the input's nodata, which a class may take) are not the labels' and
-    are dropped.
+    are dropped. The class dim and its coordinates are dropped too: a class
+    coordinate (``cls = ["water", "land", "urban"]``) is kept as the CF attributes
+    ``flag_values`` (0, 1, ...) and ``flag_meanings`` (the names, blanks as ``_``).
     """
     lead = [d for d in pred.dims if d != PATCH_DIM and d not in layout.dims]
     if len(lead) != 1:
@@ -310,6 +316,10 @@ def label_variable(
     labels = labels.fillna(no_label).astype(dtype)
     labels.attrs = {k: v for k, v in attrs.items() if k not in VALUE_ENCODING_ATTRS}
     labels.attrs["_FillValue"] = no_label
+    if dim in pred.coords:  # the class names, as CF spells what the values of a category mean
+        names = [str(v).replace(" ", "_") for v in pred[dim].values.tolist()]
+        labels.attrs["flag_values"] = np.arange(len(names), dtype=dtype)
+        labels.attrs["flag_meanings"] = " ".join(names)
     return labels
 
 
