@@ -193,3 +193,39 @@ def test_the_grain_source_serves_a_static_field_once_per_sample(lazy):
         assert set(item["targets"]) == {"t2m", "z500"}
     item["inputs"]["oro"][:] = 0  # each sample has its own copy
     np.testing.assert_array_equal(src[0]["inputs"]["oro"], raw["oro"])
+
+
+# -- whole-field references, numpy and dask with unequal chunks -------------------------
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+def test_a_whole_field_dataset_forecast_with_a_static_field_equals_the_numpy_model(lazy):
+    ds, raw = archive(lazy)
+    forecast = Forecast(
+        inputs=["-6h", "0h"],
+        targets=["6h"],
+        input_variables=["t2m", "oro"],
+        target_variables=["t2m"],
+    )
+    out = ds.patch(time=forecast).apply(lambda x: {"t2m": x["t2m"][:, -1:] * x["oro"][:, None]})
+    np.testing.assert_array_equal(out["t2m"].values, raw["t2m"][1:5] * raw["oro"])
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+def test_a_rollout_through_overlapping_windowed_patches_equals_the_whole_field(lazy):
+    values = field()
+    leads = pd.timedelta_range("6h", "12h", freq="6h")
+    forecast = Forecast(inputs=["-6h", "0h"], targets=leads)
+
+    def rollout(inputs):  # lead k: the mean of the inputs times k + 1
+        return inputs.mean(axis=1, keepdims=True) * np.array([1.0, 2.0])[None, :, None, None]
+
+    fc = as_input(values, lazy).patch(time=forecast, y=8, x=8, stride=6, window="hann")
+    out = fc.apply(rollout, batch_size=7).compute()
+    origins = np.arange(1, 4)  # -6h and +12h must exist
+    mean = (values[origins - 1] + values[origins]) / 2
+    expected = np.stack([mean, 2 * mean], axis=1)
+    assert out.dims == ("time", "lead", "y", "x")
+    np.testing.assert_allclose(out.values, expected, rtol=1e-12)
+    whole = as_input(values, lazy).patch(time=forecast).apply(rollout)
+    np.testing.assert_allclose(whole.values, expected, rtol=1e-12)
