@@ -229,6 +229,13 @@ def apply(
         asks for one when it is None or does not fit; NaN that ``fn`` returns
         takes it too, or raises a :class:`~xpatch.PredictionError` (when
         computed, on dask). Lazy stays lazy: the cast is one task per block.
+        Integer results are exact or refused: a ``"mean"`` of 64-bit integers
+        with a window that is not integral (``"hann"``) stays float64 by
+        default, and a ``"mean"`` or ``"sum"`` blended in float64 and stored
+        as integers raises a :class:`~xpatch.PredictionError` (when computed)
+        where it reaches ``2**52 / (2 * overlaps + 4)`` (3.8e14 for 4
+        overlapping patches), past which float64 may round it to a neighbouring
+        integer: subtract an offset first, or keep a float ``out_dtype``.
     scale
         Output cells per input cell, for a model whose patches come back at
         another resolution: one factor for every patched dim, or ``{dim:

@@ -396,7 +396,10 @@ def reconstruct(
         in the smallest unsigned integer dtype that holds them and one value
         more (uint8 up to 255 classes), its largest, the ``_FillValue`` of the
         cells that have none (uncovered, nodata in the input, scores all NaN or
-        weighed 0). Ties go to the first index.
+        weighed 0). Ties go to the first index. The class dim's coordinates
+        are dropped; a class coordinate's values are kept as the CF attributes
+        ``flag_values`` (0, 1, ...) and ``flag_meanings`` (the names, blanks as
+        ``_``).
     weights
         Weights from the model multiplied into the window, e.g. ``1 / variance``:
         per patch (a DataArray with dim ``"patch"``, or an array of shape
