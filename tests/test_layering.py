@@ -51,10 +51,10 @@ ROOMS: tuple[tuple[str, ...], ...] = (
     ("xpatch.xarray",),
     ("xpatch.grain", "xpatch.io"),
     ("xpatch.patcher",),
-    ("xpatch.forecast", "xpatch.periodic"),
+    ("xpatch.forecast",),
     ("xpatch.accessor", "xpatch.scenes", "xpatch.tree"),
     ("xpatch.cli",),
-    ("xpatch", "xpatch.__main__", "xpatch.scene_source", "xpatch.tree_grain"),
+    ("xpatch", "xpatch.__main__"),
 )
 
 #: Third-party top-level modules -> the room (or rooms) that own them: nobody else imports them.

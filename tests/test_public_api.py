@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
-import subprocess
-import sys
-import textwrap
 
 import pytest
 
@@ -41,29 +39,9 @@ def test_the_console_script_is_xpatch_cli_main():
     assert script.load() is xpatch.cli.main
 
 
-@pytest.mark.parametrize(
-    ("old", "name", "new"),
-    [
-        ("xpatch.scene_source", "SceneSource", "xpatch.scenes"),
-        ("xpatch.tree_grain", "TreeSource", "xpatch.tree"),
-    ],
-)
-def test_moved_modules_import_and_warn_once(old, name, new):
-    # A fresh interpreter: the warning comes with the first import of the old path only.
-    code = textwrap.dedent(
-        f"""
-        import importlib, warnings
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            first = importlib.import_module({old!r})
-            again = importlib.import_module({old!r})
-        moved = [w for w in caught if issubclass(w.category, FutureWarning)]
-        assert len(moved) == 1, [str(w.message) for w in caught]
-        assert {new!r} in str(moved[0].message)
-        assert getattr(first, {name!r}) is getattr(importlib.import_module({new!r}), {name!r})
-        print("ok")
-        """
-    )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "ok"
+def test_the_old_module_paths_are_gone():
+    # No release shipped xpatch.scene_source or xpatch.tree_grain: the names live in
+    # xpatch.scenes and xpatch.tree only.
+    for old in ("xpatch.scene_source", "xpatch.tree_grain"):
+        with pytest.raises(ModuleNotFoundError):
+            importlib.import_module(old)

@@ -13,7 +13,6 @@ import xarray as xr
 
 from xpatch.forecast.patcher import ForecastPatcher, forecast_dim, forecast_layout
 from xpatch.patcher import Patcher
-from xpatch.periodic.patcher import PeriodicPatcher, is_periodic
 
 
 @xr.register_dataarray_accessor("patch")
@@ -39,21 +38,18 @@ class PatchAccessor:
         size: Mapping[Hashable, int] | None = None,
         stride: int | Mapping[Hashable, int] | None = None,
         **options: Any,
-    ) -> Patcher | ForecastPatcher | PeriodicPatcher:
+    ) -> Patcher | ForecastPatcher:
         """Build a :class:`~xpatch.Patcher`: ``Patcher(obj, size, stride, **options)``.
 
         ``options`` are the Patcher's layout options (``boundary``, ``window``,
         ``sampler``, ``min_valid``, ``pad_value``, ``pad_mode``, ``halo``) and the patch
         size as keyword arguments (``y=256, x=256``); see :class:`~xpatch.Patcher`.
         A :class:`~xpatch.Forecast` as the value of a time dim builds forecast samples
-        instead (:class:`~xpatch.forecast.patcher.ForecastPatcher`), and
-        ``boundary={dim: "periodic"}`` patches across a global grid's seam
-        (:class:`~xpatch.periodic.patcher.PeriodicPatcher`).
+        instead (:class:`~xpatch.forecast.patcher.ForecastPatcher`).
+        ``boundary={dim: "periodic"}`` patches across a global grid's seam.
         """
         if forecast_dim(size, options) is not None:
             return forecast_layout(self._obj, size, stride, options)
-        if is_periodic(options.get("boundary")):
-            return PeriodicPatcher(self._obj, size, stride, options)
         return Patcher(self._obj, size, stride, **options)
 
     def anchors(self, size=None, stride=None, **options: Any) -> xr.DataArray:

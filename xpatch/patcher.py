@@ -29,7 +29,7 @@ from xpatch.core.windows import BlendWindow, WindowSpec
 from xpatch.grain.source import PatchSource
 from xpatch.xarray import apply as inference
 from xpatch.xarray import reconstruct as predictions
-from xpatch.xarray import views
+from xpatch.xarray import seam, views
 from xpatch.xarray.apply import ApplyOptions, ApplyReduction, OutputDims, OutputDTypes
 from xpatch.xarray.encoding import NodataOption
 from xpatch.xarray.georef import patch_bounds, patch_transforms
@@ -448,7 +448,8 @@ class Patcher(Generic[T]):
         scale: ScaleSpec | None = None,
     ) -> T:
         check_blendable_predictions(pred, self._layout.obj, views.PATCH_DIM)
-        return predictions.reconstruct(self._layout, pred, reduce, weights=weights, scale=scale)
+        blend = seam.reconstruct_across if self._layout.periodic else predictions.reconstruct
+        return blend(self._layout, pred, reduce, weights=weights, scale=scale)
 
     def apply(  # noqa: D102 (doc below)
         self,
@@ -477,7 +478,8 @@ class Patcher(Generic[T]):
             weights,
             task_memory,
         )
-        return inference.apply(self._layout, fn, options)
+        blend = seam.apply_across if self._layout.periodic else inference.apply
+        return blend(self._layout, fn, options)
 
     reconstruct.__doc__ = predictions.reconstruct.__doc__
     apply.__doc__ = inference.apply.__doc__

@@ -168,11 +168,6 @@ def test_a_grain_source_serves_the_patches_across_the_seam():
             OptionError,
             "one",
         ),
-        (
-            {"lon": 8, "boundary": {"lon": "periodic"}, "sampler": xpatch.RandomAnchors(3, 0)},
-            OptionError,
-            "sampler",
-        ),
     ],
 )
 def test_bad_periodic_layouts_are_refused_naming_the_argument(options, error, match):
@@ -180,12 +175,15 @@ def test_bad_periodic_layouts_are_refused_naming_the_argument(options, error, ma
         global_field().patch(**options)
 
 
-def test_votes_and_casts_are_refused_for_now():
-    p = global_field().patch(lon=16, stride=12, boundary={"lon": "periodic"})
-    with pytest.raises(OptionError, match="reduce='vote'"):
-        p.reconstruct(p.patches(), "vote")
-    with pytest.raises(OptionError, match="out_dtype"):
-        p.apply(lambda b: b, out_dtype="float32")
+def test_votes_and_casts_take_the_seam_as_any_other_cell():
+    field = global_field()
+    p = field.patch(lon=16, stride=12, boundary={"lon": "periodic"})
+    labels = (field > 0).astype("uint8")
+    q = labels.patch(lon=16, stride=12, boundary={"lon": "periodic"})
+    np.testing.assert_array_equal(q.reconstruct(q.patches(), "vote").values, labels.values)
+    cast = p.apply(lambda b: b, out_dtype="float32")
+    assert cast.dtype == np.float32
+    np.testing.assert_allclose(cast.values, field.values.astype("float32"))
 
 
 @pytest.mark.parametrize("lazy", [False, True])
@@ -215,9 +213,12 @@ def test_results_that_differ_per_patch_blend_with_the_weights_of_every_patch_acr
     np.testing.assert_array_equal(p.reconstruct(pred, "max").values, maxima)
 
 
-def test_the_functional_spelling_says_that_periodic_dims_take_the_accessor():
-    with pytest.raises(OptionError, match="accessor"):
-        xpatch.patch(global_field(), lon=8, boundary={"lon": "periodic"})
+def test_the_functional_spelling_lays_the_same_periodic_patches_as_the_accessor():
+    field = global_field()
+    given = xpatch.patch(field, lon=8, stride=6, boundary={"lon": "periodic"})
+    accessor = field.patch(lon=8, stride=6, boundary={"lon": "periodic"})
+    np.testing.assert_array_equal(given.anchors().values, accessor.anchors().values)
+    xr.testing.assert_allclose(given.reconstruct(given.patches()), field)
 
 
 def test_a_dataset_round_trips_across_the_seam():
@@ -263,4 +264,4 @@ def test_a_dim_left_out_of_the_boundary_takes_shift_not_another_dims_mode():
     with pytest.raises(OptionError, match="left out take 'shift'"):
         field.patch(level=1, lat=8, lon=8, boundary={"lon": "periodic", "lat": "pad"})
     p = field.patch(level=1, lat=8, lon=8, boundary={"lon": "periodic", "lat": "shift"})
-    assert p.patcher.boundary == "shift"
+    assert p.boundary == {"level": "shift", "lat": "shift", "lon": "periodic"}

@@ -7,6 +7,7 @@ patches costs a few milliseconds.
 
 from __future__ import annotations
 
+import itertools
 import operator
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
@@ -19,6 +20,8 @@ from xpatch.core.errors import GeometryError, OptionError
 
 Boundary = Literal["shift", "pad", "drop", "raise"]
 BOUNDARIES: tuple[str, ...] = get_args(Boundary)
+#: The boundary of a dim that wraps (a global grid's longitude), given per dim.
+PERIODIC = "periodic"
 
 
 def as_positive_int(value: object, argument: str) -> int:
@@ -44,20 +47,24 @@ def as_positive_int(value: object, argument: str) -> int:
 
 
 def check_boundary(boundary: object) -> Boundary:
-    """Return ``boundary`` if it is a known mode, else raise listing the valid ones."""
-    periodic = boundary == "periodic" or (
-        isinstance(boundary, Mapping) and "periodic" in boundary.values()
+    """Return ``boundary`` if it is a known mode, else raise listing the valid ones.
+
+    ``"periodic"`` is not a mode of the axes that end: periodic axes are named by
+    :meth:`Geometry.build`'s ``periodic`` (``obj.patch`` reads both from ``boundary``).
+    """
+    periodic = boundary == PERIODIC or (
+        isinstance(boundary, Mapping) and PERIODIC in boundary.values()
     )
     if periodic:
         raise OptionError(
-            f"boundary={boundary!r}: periodic dims are laid out by the accessor, "
-            "obj.patch(..., boundary={'lon': 'periodic'}), not by Patcher or xpatch.patch."
+            f"boundary={boundary!r}: Geometry.build takes the mode of the axes that end "
+            "and the periodic dims apart: Geometry.build(..., 'shift', periodic=['lon'])."
         )
     return check_choice("boundary", boundary, BOUNDARIES)  # type: ignore[return-value]
 
 
 def axis_starts(
-    extent: int, size: int, stride: int, boundary: Boundary, dim: Hashable
+    extent: int, size: int, stride: int, boundary: Boundary, dim: Hashable, periodic: bool = False
 ) -> np.ndarray:
     """Start indices of a regular grid of patches along one axis.
 
@@ -71,6 +78,10 @@ def axis_starts(
         incomplete patch out (``"drop"``) or raise (``"raise"``).
     dim
         Name of the axis, for error messages.
+    periodic
+        Whether the axis wraps (a global grid's longitude): patches start at
+        ``0, stride, ...`` below ``extent`` and those past the end go on with the
+        first cells, so ``boundary`` has nothing to do.
 
     Examples
     --------
@@ -82,7 +93,11 @@ def axis_starts(
     array([0, 3, 6, 9])
     >>> axis_starts(11, 4, 3, "drop", "x")
     array([0, 3, 6])
+    >>> axis_starts(11, 4, 3, "shift", "x", periodic=True)
+    array([0, 3, 6, 9])
     """
+    if periodic:
+        return np.arange(0, extent, stride, dtype=np.int64)
     if boundary == "pad":
         count = -(-max(extent - size, 0) // stride) + 1
         starts = np.arange(count, dtype=np.int64) * stride
@@ -104,14 +119,19 @@ def axis_starts(
     return starts
 
 
-def covered_cells(extent: int, size: int, starts: np.ndarray) -> int:
-    """Count the cells in ``[0, extent)`` that at least one patch covers.
+def covered_cells(extent: int, size: int, starts: np.ndarray, periodic: bool = False) -> int:
+    """Count the cells in ``[0, extent)`` that at least one patch covers (wrapped if periodic).
 
     Examples
     --------
     >>> covered_cells(10, 2, np.array([0, 5]))
     4
+    >>> covered_cells(10, 4, np.array([0, 8]), periodic=True)
+    6
     """
+    if periodic:
+        cells = (np.asarray(starts)[:, None] + np.arange(size)[None, :]) % extent
+        return len(np.unique(cells))
     delta = np.zeros(extent + 1, dtype=np.int64)
     np.add.at(delta, np.minimum(starts, extent), 1)
     np.add.at(delta, np.minimum(starts + size, extent), -1)
@@ -133,7 +153,10 @@ class Geometry:
     size, stride
         Patch extent and step between patch starts along each patched axis.
     boundary
-        Boundary mode (see :func:`axis_starts`).
+        Boundary mode of the axes that do not wrap (see :func:`axis_starts`).
+    periodic
+        Per axis, whether it wraps: its anchors lie in ``[0, extent)`` and a patch
+        past the end goes on with the first cells (empty: none wraps).
     """
 
     dims: tuple[Hashable, ...]
@@ -141,6 +164,16 @@ class Geometry:
     size: tuple[int, ...]
     stride: tuple[int, ...]
     boundary: Boundary
+    periodic: tuple[bool, ...] = ()
+
+    def wraps(self, axis: int) -> bool:
+        """Whether axis ``axis`` is periodic."""
+        return bool(self.periodic) and self.periodic[axis]
+
+    @property
+    def periodic_axes(self) -> tuple[int, ...]:
+        """The positions of the periodic axes."""
+        return tuple(j for j in range(len(self.dims)) if self.wraps(j))
 
     @classmethod
     def build(
@@ -149,6 +182,7 @@ class Geometry:
         size: Mapping[Hashable, object],
         stride: int | Mapping[Hashable, object] | None,
         boundary: object,
+        periodic: Sequence[Hashable] = (),
     ) -> Geometry:
         """Validate the arguments and return the geometry.
 
@@ -162,7 +196,10 @@ class Geometry:
             One step for all dims, a ``{dim: step}`` mapping (dims left out step by
             their size), or ``None`` for no overlap.
         boundary
-            One of ``"shift"``, ``"pad"``, ``"drop"``, ``"raise"``.
+            One of ``"shift"``, ``"pad"``, ``"drop"``, ``"raise"``: how the axes that
+            do not wrap end.
+        periodic
+            The dims that wrap (see :attr:`periodic`).
 
         Examples
         --------
@@ -185,9 +222,18 @@ class Geometry:
         else:
             one = as_positive_int(stride, "stride")
             strides = (one,) * len(dims)
+        unknown = [d for d in periodic if d not in dims]
+        if unknown:
+            raise OptionError(f"periodic dims {unknown!r} are not patched dims {list(dims)!r}.")
+        for d, s in zip(dims, sizes):
+            if d in periodic and s > shape[d]:
+                raise GeometryError(
+                    f"size[{d!r}]={s} is larger than the periodic dim {d!r} ({shape[d]} cells): "
+                    f"a patch would hold some cells twice. Use a size of at most {shape[d]}."
+                )
         if boundary != "pad":
             for d, s in zip(dims, sizes):
-                if s > shape[d]:
+                if s > shape[d] and d not in periodic:
                     raise GeometryError(
                         f"size[{d!r}]={s} is larger than the array along {d!r} (extent "
                         f"{shape[d]}). Use a patch size of at most {shape[d]} along {d!r}, "
@@ -195,7 +241,8 @@ class Geometry:
                     )
         # boundary="raise" is checked by the samplers: a grid raises when its stride
         # does not end flush, explicit anchors only when a patch leaves the array.
-        return cls(dims, tuple(int(shape[d]) for d in dims), sizes, strides, boundary)
+        wraps = tuple(d in periodic for d in dims) if periodic else ()
+        return cls(dims, tuple(int(shape[d]) for d in dims), sizes, strides, boundary, wraps)
 
     @property
     def ndim(self) -> int:
@@ -205,8 +252,8 @@ class Geometry:
     def grid_starts(self) -> tuple[np.ndarray, ...]:
         """Start indices of the regular grid along each patched axis."""
         return tuple(
-            axis_starts(e, s, t, self.boundary, d)
-            for d, e, s, t in zip(self.dims, self.shape, self.size, self.stride)
+            axis_starts(e, s, t, self.boundary, d, self.wraps(j))
+            for j, (d, e, s, t) in enumerate(zip(self.dims, self.shape, self.size, self.stride))
         )
 
     def grid_anchors(self) -> np.ndarray:
@@ -214,14 +261,20 @@ class Geometry:
         return cartesian(self.grid_starts())
 
     def max_anchor(self) -> np.ndarray:
-        """Largest start index per axis whose patch needs no padding (0 if none does)."""
-        return np.maximum(np.subtract(self.shape, self.size), 0).astype(np.int64)
+        """Largest start index per axis whose patch needs no padding (0 if none does).
+
+        Along a periodic axis every cell is a start: ``extent - 1``.
+        """
+        top = np.maximum(np.subtract(self.shape, self.size), 0).astype(np.int64)
+        for j in self.periodic_axes:
+            top[j] = self.shape[j] - 1
+        return top
 
     def uncovered_grid_cells(self) -> int:
         """Count the cells the regular grid leaves uncovered (gaps, dropped remainders)."""
         covered = 1
-        for e, s, starts in zip(self.shape, self.size, self.grid_starts()):
-            covered *= covered_cells(e, s, starts)
+        for j, (e, s, starts) in enumerate(zip(self.shape, self.size, self.grid_starts())):
+            covered *= covered_cells(e, s, starts, self.wraps(j))
         return int(np.prod(self.shape, dtype=np.float64)) - covered
 
     def check_anchors(self, anchors: object, argument: str = "anchors") -> np.ndarray:
@@ -257,7 +310,7 @@ class Geometry:
         return array
 
     def padding(self, anchors: np.ndarray) -> tuple[int, ...]:
-        """Cells to pad past the end of each axis so that every patch fits."""
+        """Cells past the end of each axis that the patches reach (padded, or wrapped)."""
         if len(anchors) == 0:
             return (0,) * self.ndim
         reach = anchors.max(axis=0) + np.asarray(self.size)
@@ -274,3 +327,45 @@ def cartesian(axes: Sequence[np.ndarray]) -> np.ndarray:
     """
     mesh = np.meshgrid(*axes, indexing="ij")
     return np.stack([m.ravel() for m in mesh], axis=1).astype(np.int64, copy=False)
+
+
+def wrapped_copies(
+    anchors: np.ndarray, size: Sequence[int], shape: Sequence[int], axes: Sequence[int]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Rows and anchors of the patches that run past the end of a periodic axis, a turn back.
+
+    A patch at ``a`` along a periodic axis of ``n`` cells covers ``[a, a + size)``
+    modulo ``n``. Blended at ``a`` its cells past ``n`` fall off the grid; blended
+    once more at ``a - n`` (a *copy*), the cells before 0 fall off and the rest land
+    on the first cells, which is where they belong. So overlap-add of the patches
+    and their copies, cropped to the grid, is the periodic blend for every
+    reduction: each value lands once on its own cell, weights included. A patch
+    past the end of two periodic axes has three copies (one per non-empty subset).
+
+    Returns
+    -------
+    rows, copies
+        ``(m,)`` the row of the patch each copy repeats, and ``(m, k)`` its anchor.
+
+    Examples
+    --------
+    >>> rows, copies = wrapped_copies(np.array([[0], [3], [6]]), [4], [8], [0])
+    >>> rows.tolist(), copies.tolist()
+    ([2], [[-2]])
+    """
+    anchors = np.asarray(anchors, dtype=np.int64).reshape(-1, len(shape))
+    axes = list(axes)
+    if not axes or not len(anchors):
+        return np.empty(0, np.int64), np.empty((0, len(shape)), np.int64)
+    turn = np.asarray(shape, dtype=np.int64)
+    past = anchors[:, axes] + np.asarray(size)[axes] > turn[axes]
+    rows, copies = [], []
+    for count in range(1, len(axes) + 1):
+        for subset in itertools.combinations(range(len(axes)), count):
+            picked = np.flatnonzero(past[:, list(subset)].all(axis=1))
+            moved = anchors[picked].copy()
+            for j in subset:
+                moved[:, axes[j]] -= turn[axes[j]]
+            rows.append(picked)
+            copies.append(moved)
+    return np.concatenate(rows).astype(np.int64), np.concatenate(copies).astype(np.int64)

@@ -18,8 +18,8 @@ from typing import Any, Generic, Protocol, TypeVar
 import numpy as np
 import xarray as xr
 
-from xpatch.core.errors import DimensionError, OptionError, UncoveredCellsWarning
-from xpatch.core.geometry import Boundary, Geometry
+from xpatch.core.errors import DimensionError, GeometryError, OptionError, UncoveredCellsWarning
+from xpatch.core.geometry import BOUNDARIES, PERIODIC, Boundary, Geometry
 from xpatch.core.padding import PadMode, check_pad_mode
 from xpatch.core.plan import Plan, max_group_size
 from xpatch.core.samplers import AtLabels, RegularGrid, Sampler, index_positions
@@ -179,8 +179,10 @@ class Layout(Generic[T]):
             raise DimensionError(
                 f"no data variable of the Dataset has any of the patched dimensions {list(dims)!r}."
             )
-        boundary = one_boundary(options.boundary, dims)
-        geometry = Geometry.build({d: obj.sizes[d] for d in dims}, size, stride, boundary)
+        periodic, boundary = split_boundary(options.boundary, dims)
+        check_one_turn(obj, periodic)
+        shape = {d: obj.sizes[d] for d in dims}
+        geometry = Geometry.build(shape, size, stride, boundary, periodic)
         window_array = make_window(options.window, geometry.dims, geometry.size)
         sampler = RegularGrid() if options.sampler is None else options.sampler
         if isinstance(sampler, AtLabels):
@@ -195,9 +197,12 @@ class Layout(Generic[T]):
             )
         options.check_min_valid()
         halo = check_halo(options.halo, geometry.dims)
+        check_halo_turn(geometry, halo)
         # A halo reaches past the array's edges whatever the boundary: pad_mode fills it.
         filled = "pad" if any(halo) else boundary
-        pad_mode = check_pad_modes(options.pad_mode, geometry.dims, filled, options.pad_value)
+        pad_mode = check_pad_modes(
+            options.pad_mode, geometry.dims, filled, options.pad_value, periodic
+        )
         if filled == "pad":
             for name, var in variables.items():
                 pad_value_for(options.pad_value, var.dtype, name)
@@ -228,8 +233,9 @@ class Layout(Generic[T]):
             plan,
             halo,
         )
-        # Dims padded differently are read from the object padded once, dim by dim.
-        grown = any(halo) or not isinstance(pad_mode, str)
+        # Dims padded differently, and periodic dims, are read from the object padded
+        # once, dim by dim (a periodic dim wrapped).
+        grown = any(halo) or not isinstance(pad_mode, str) or bool(periodic)
         return replace(layout, grown=grown_layout(layout)) if grown else layout
 
     @property
@@ -253,9 +259,17 @@ class Layout(Generic[T]):
         return dict(zip(self.dims, self.geometry.stride))
 
     @property
-    def boundary(self) -> Boundary:
-        """The boundary mode."""
-        return self.geometry.boundary
+    def boundary(self) -> Boundary | dict[Hashable, str]:
+        """The boundary mode; ``{dim: mode}`` when some dims are periodic."""
+        g = self.geometry
+        if not g.periodic_axes:
+            return g.boundary
+        return {d: PERIODIC if g.wraps(j) else g.boundary for j, d in enumerate(g.dims)}
+
+    @property
+    def periodic(self) -> tuple[Hashable, ...]:
+        """The periodic dims."""
+        return tuple(self.geometry.dims[j] for j in self.geometry.periodic_axes)
 
     @property
     def variables(self) -> dict[Hashable, xr.Variable]:
@@ -293,17 +307,23 @@ class Layout(Generic[T]):
             mode += f" halo={dict(zip(g.dims, self.halo))!r}"
         return (
             f"({len(self)} patches) size=({size}) stride=({stride}) "
-            f"boundary={g.boundary!r}{mode} window={self.window!r} sampler={self.sampler!r}"
+            f"boundary={self.boundary!r}{mode} window={self.window!r} sampler={self.sampler!r}"
         )
 
 
 def check_pad_modes(
-    pad_mode: object, dims: tuple[Hashable, ...], boundary: str, pad_value: object
+    pad_mode: object,
+    dims: tuple[Hashable, ...],
+    boundary: str,
+    pad_value: object,
+    periodic: tuple[Hashable, ...] | list = (),
 ) -> PadMode | dict[Hashable, PadMode]:
     """Return ``pad_mode``: one mode, or ``{dim: mode}`` (dims left out: ``"constant"``).
 
     A mapping of one mode for every patched dim is that mode. Each mode is checked
-    as one mode is (:func:`~xpatch.core.padding.check_pad_mode`).
+    as one mode is (:func:`~xpatch.core.padding.check_pad_mode`). A periodic dim
+    reads the cells past its ends from the other side (``"wrap"``): one mode for
+    all is the other dims' mode, and another mode named for a periodic dim is refused.
 
     Examples
     --------
@@ -312,6 +332,23 @@ def check_pad_modes(
     >>> check_pad_modes({"x": "wrap", "y": "wrap"}, ("y", "x"), "pad", None)
     'wrap'
     """
+    if periodic:
+        given = pad_mode if isinstance(pad_mode, Mapping) else {}
+        clash = {d: m for d, m in given.items() if d in periodic and m not in ("constant", "wrap")}
+        if clash:
+            raise OptionError(
+                f"pad_mode={pad_mode!r} pads the periodic dim(s) {list(clash)!r}: a periodic "
+                "dim has no edge, its halo is read from the other side. Give pad_mode only "
+                "for the other dims, e.g. pad_mode={'lat': 'reflect'}."
+            )
+        if not isinstance(pad_mode, Mapping):
+            pad_mode = {d: pad_mode for d in dims if d not in periodic}
+        else:
+            pad_mode = {d: m for d, m in pad_mode.items() if d not in periodic}
+        rest = tuple(d for d in dims if d not in periodic)
+        modes = check_pad_modes(pad_mode, rest, boundary, pad_value) if rest else "constant"
+        per_dim = dict.fromkeys(rest, modes) if isinstance(modes, str) else dict(modes)
+        return {d: "wrap" if d in periodic else per_dim[d] for d in dims}
     if not isinstance(pad_mode, Mapping):
         return check_pad_mode(pad_mode, boundary, pad_value)
     unknown = [d for d in pad_mode if d not in dims]
@@ -349,27 +386,78 @@ def boundary_modes(boundary: object, dims: tuple[Hashable, ...]) -> dict[Hashabl
     return {d: boundary.get(d, "shift") for d in dims}
 
 
-def one_boundary(boundary: object, dims: tuple[Hashable, ...]) -> object:
-    """Return the one mode a ``{dim: mode}`` boundary gives every patched dim (default shift).
+def split_boundary(boundary: object, dims: tuple[Hashable, ...]) -> tuple[list, str]:
+    """Return the periodic dims and the one mode of the others (dims left out: ``"shift"``).
 
-    A mode per dim is taken when they are all the same; a periodic dim is left to
-    :func:`~xpatch.core.geometry.check_boundary`, which names the accessor.
+    The one reading of ``boundary``: a mode for every dim, or ``{dim: mode}``. The
+    dims that do not wrap share one mode.
 
     Examples
     --------
-    >>> one_boundary({"y": "pad", "x": "pad"}, ("y", "x")), one_boundary("drop", ("y",))
-    ('pad', 'drop')
+    >>> split_boundary({"x": "periodic"}, ("y", "x")), split_boundary("drop", ("y",))
+    ((['x'], 'shift'), ([], 'drop'))
+    >>> split_boundary({"y": "pad", "x": "pad"}, ("y", "x"))
+    ([], 'pad')
     """
-    if not isinstance(boundary, Mapping):
-        return boundary
-    modes = set(boundary_modes(boundary, dims).values())
-    if "periodic" in modes or len(modes) == 1:
-        return boundary if "periodic" in modes else modes.pop()
-    raise OptionError(
-        f"boundary={dict(boundary)!r} gives the patched dims different modes "
-        f"{sorted(map(str, modes))!r}: give them one (dims left out take 'shift'); only "
-        "periodic dims may differ: boundary={'lon': 'periodic', 'lat': 'shift'}."
-    )
+    modes = boundary_modes(boundary, dims)
+    others = {m for m in modes.values() if m != PERIODIC}
+    if len(others) > 1:
+        raise OptionError(
+            f"boundary={dict(boundary)!r} gives the patched dims different modes "  # type: ignore[call-overload]
+            f"{sorted(map(str, others))!r}: give them one (dims left out take 'shift'); only "
+            "periodic dims may differ: boundary={'lon': 'periodic', 'lat': 'shift'}."
+        )
+    base = others.pop() if others else "shift"
+    if not isinstance(base, str) or base not in BOUNDARIES:
+        raise OptionError(
+            f"boundary={boundary!r}: {base!r} is not a boundary mode; use one of "
+            f"{[*BOUNDARIES, PERIODIC]} (or {{dim: mode}})."
+        )
+    return [d for d in dims if modes[d] == PERIODIC], base
+
+
+def check_one_turn(obj: xr.DataArray | xr.Dataset, periodic: list) -> None:
+    """Refuse a periodic dim whose labels, in degrees, do not span one whole turn.
+
+    A regional grid (longitudes 0 ... 90) marked periodic would blend 90E onto 0E.
+    Only labels known to be angles are checked (a ``lon``/``longitude`` name, or
+    ``units`` of degrees); other labels are the caller's to vouch for.
+    """
+    for d in periodic:
+        if d not in obj.coords or obj[d].ndim != 1 or obj.sizes[d] < 2:
+            continue
+        labels = obj[d]
+        units = str(labels.attrs.get("units", "")).lower()
+        named = str(d).lower() in ("lon", "longitude") or labels.attrs.get("standard_name") in (
+            "longitude",
+            "grid_longitude",
+        )
+        if not (named or units.startswith("degree")):
+            continue
+        values = np.asarray(labels.values, dtype=np.float64)
+        step = np.diff(values)
+        turn = abs(float(values[-1] - values[0] + step[-1]))
+        regular = np.allclose(step, step[0], rtol=1e-6, atol=0)
+        if not regular or abs(turn - 360.0) > 1e-6 * 360.0:
+            raise GeometryError(
+                f"boundary={{{d!r}: 'periodic'}}: the labels of {d!r} ({values[0]:g} ... "
+                f"{values[-1]:g}, {len(values)} cells{'' if regular else ', irregular'}) span "
+                f"{turn:g} degrees, not one whole turn of 360: the last cell would be blended "
+                f"onto the first. Patch a global grid, or, if {d!r} does wrap with this "
+                f"extent, drop its labels' angle meaning: obj.assign_coords({d}=obj[{d!r}]"
+                ".assign_attrs(units='1')) after renaming, or obj.drop_vars(...)."
+            )
+
+
+def check_halo_turn(geometry: Geometry, halo: tuple[int, ...]) -> None:
+    """Refuse a halo longer than a periodic dim's whole turn."""
+    for j in geometry.periodic_axes:
+        if halo[j] > geometry.shape[j]:
+            raise GeometryError(
+                f"halo[{geometry.dims[j]!r}]={halo[j]} reaches past a whole turn of the "
+                f"periodic dim {geometry.dims[j]!r} ({geometry.shape[j]} cells); use a halo of "
+                f"at most {geometry.shape[j]}."
+            )
 
 
 def check_size_dims(obj: xr.DataArray | xr.Dataset, size: Mapping[Hashable, object]) -> None:

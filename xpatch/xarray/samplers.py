@@ -351,6 +351,9 @@ class WeightedAnchors(ObjectSampler):
         size = np.asarray(geometry.size, dtype=np.int64)
         top = np.maximum(np.asarray(geometry.shape, dtype=np.int64) - size, 0)
         anchors = np.clip(centres - size // 2, 0, top)
+        for j in geometry.periodic_axes:
+            # Across a periodic dim's seam the centre stays the patch's centre.
+            anchors[:, j] = (centres[:, j] - size[j] // 2) % geometry.shape[j]
         return DrawnAnchors(anchors)
 
 
