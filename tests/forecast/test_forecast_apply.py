@@ -229,3 +229,33 @@ def test_a_rollout_through_overlapping_windowed_patches_equals_the_whole_field(l
     np.testing.assert_allclose(out.values, expected, rtol=1e-12)
     whole = as_input(values, lazy).patch(time=forecast).apply(rollout)
     np.testing.assert_allclose(whole.values, expected, rtol=1e-12)
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+def test_each_variable_keeps_its_own_dim_order_and_the_dims_it_has_as_in_training(lazy):
+    rng = np.random.default_rng(4)
+    a, co2, mask = rng.random((4, 6, 5)), np.arange(4.0), np.arange(30, dtype="int16")
+    ds = xr.Dataset(
+        {
+            "a": (("time", "x", "y"), a),  # x before y, unlike the sizes below
+            "co2": (("time",), co2),  # none of the patched dims
+            "mask": (("x", "y"), mask.reshape(6, 5)),  # static, integer
+        },
+        coords={"time": TIMES[:4]},
+    )
+    ds = ds.chunk({"x": 4, "y": 2}) if lazy else ds
+    fc = ds.patch(time=Forecast(inputs=["0h"], targets=["6h"]), y=3, x=2, halo=1, pad_mode="edge")
+    item = fc.to_grain()[0]["inputs"]
+    seen = {}
+
+    def model(x):
+        seen.update({k: (v.shape[1:], v.dtype) for k, v in x.items()})
+        inner = x["a"][..., 1:-1, 1:-1] + x["mask"][:, None, 1:-1, 1:-1]  # crops the halo
+        return {"a": inner + x["co2"][:, :, None, None]}
+
+    out = fc.apply(model, output_dims={"a": None}).compute()
+    assert seen["a"][0] == item["a"].shape and seen["mask"][0] == item["mask"].shape == (4, 5)
+    assert seen["co2"] == ((1,), np.float64) and seen["mask"][1] == np.int16
+    assert out["a"].dims == ("time", "x", "y")
+    expected = a[:3] + mask.reshape(6, 5) + co2[:3, None, None]
+    np.testing.assert_array_equal(out["a"].values, expected)

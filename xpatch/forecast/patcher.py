@@ -232,7 +232,7 @@ class ForecastPatcher:
         ``fn(inputs) -> targets`` takes numpy batches ``(b, inputs, *carried, *patch)``
         (``inputs`` the input times in order; ``carried`` the input's other dims that are
         not patched, the whole field's without spatial sizes; ``patch`` the spatial
-        patch, in the order of the patched dims) and returns ``(b, targets, *carried,
+        patch, in the DataArray's dim order) and returns ``(b, targets, *carried,
         *patch)``: the input times replaced by the target times. With a halo ``patch``
         is the grown patch, and ``fn`` returns either it or the inner patch (a model
         that crops). The patches are the layout's (its ``sampler`` and ``min_valid``
@@ -242,9 +242,10 @@ class ForecastPatcher:
 
         A Dataset's ``fn`` takes ``{variable: batch}`` of the input variables (a
         static field, one without the time dim, as ``(b, *carried, *patch)``: once
-        per sample, as its training samples serve it; its patch lacks the patched
-        dims it does not have) and returns ``{output: batch}``, by default one per
-        target variable.
+        per sample, as its training samples serve it), each patch in its variable's
+        dim order (without the patched dims it lacks), and returns ``{output: batch}``,
+        by default one per target variable (a patch in its variable's dim order; for
+        another output, in the order of the patched dims).
 
         Parameters
         ----------
@@ -307,6 +308,15 @@ class ForecastPatcher:
         inner_patch = tuple(int(sizes[d]) for d in order)
         outputs, returns_dict = self._outputs(output_dims, options, order)
         pieces, stacked = self._stacked_inputs(order)
+        # A Dataset's variable sees and returns its patch in its own dims' order, as its
+        # training samples serve it: per output, the layout's axes in that order.
+        turns = {}
+        for name in outputs:
+            obj = self.patcher.obj
+            single = isinstance(obj, xr.DataArray)
+            like = obj if single else obj[name] if name in obj.data_vars else None
+            own = [d for d in like.dims if d in order] if like is not None else order
+            turns[name] = tuple(order.index(d) for d in own)
         origin = stacked.dims[0]
 
         strides = {origin: 1}
@@ -334,7 +344,7 @@ class ForecastPatcher:
 
         def per_origin(batch: np.ndarray) -> dict[str, np.ndarray]:
             inputs = np.take(batch, 0, axis=2)  # (b, channels, *patch): the origin axis off
-            patch = inputs.shape[2:]
+            grown = inputs.shape[2:]
             given = {name: piece.unpack(inputs) for name, piece in pieces.items()}
             result = fn(given[None] if None in given else given)
             if returns_dict:
@@ -351,16 +361,18 @@ class ForecastPatcher:
             for name, dims in outputs.items():
                 values = np.asarray(result[name])
                 head = (len(batch), leads, *dims.values())
-                if values.shape not in ((*head, *patch), (*head, *inner_patch)):
+                turn = turns[name]  # the output's patch axes in its own order, to the layout's
+                patch, inner = tuple(grown[j] for j in turn), tuple(inner_patch[j] for j in turn)
+                if values.shape not in ((*head, *patch), (*head, *inner)):
                     what = "fn returned" if name is None else f"fn's output {name!r} is"
-                    crop = (
-                        "" if patch == inner_patch else f" (or the inner {(*head, *inner_patch)})"
-                    )
+                    crop = "" if patch == inner else f" (or the inner {(*head, *inner)})"
                     raise PredictionError(
                         f"{what} a batch of shape {values.shape}; a forecast of {leads} "
                         f"target time(s) needs {(*head, *patch)}{crop}: the input times "
                         "replaced by the target times, every other dim kept."
                     )
+                back = [len(head) + turn.index(j) for j in range(len(turn))]
+                values = values.transpose(*range(len(head)), *back)
                 blended[internal[name]] = np.expand_dims(values, axis=2 + len(dims))
             return blended
 
@@ -415,7 +427,9 @@ class ForecastPatcher:
                         raise OptionError(
                             f"the output {name!r} lacks patched dims "
                             f"{sorted(set(order) - set(obj[name].dims), key=str)!r}: a "
-                            "forecast's outputs are blended on the whole patched grid."
+                            "forecast's outputs are blended on the whole patched grid: "
+                            "name the outputs fn returns, e.g. output_dims={'t2m': None}, or "
+                            "choose Forecast(target_variables=...)."
                         )
                 outputs[name] = dict(dims)
         for dims in outputs.values():
@@ -460,7 +474,10 @@ class ForecastPatcher:
             data = var.data.reshape(origins, width, *(obj.sizes[d] for d in order))
             arrays.append(data)
             axes = [1 + len(shape) + order.index(d) for d in lacking]
-            pieces[name] = _Piece(start, start + width, shape, tuple(axes), var.dtype)
+            present = [d for d in order if d not in lacking]
+            own = [d for d in variables[name].dims if d in order]
+            turn = (*range(1 + len(shape)), *(1 + len(shape) + present.index(d) for d in own))
+            pieces[name] = _Piece(start, start + width, shape, tuple(axes), turn, var.dtype)
             start += width
         dtype = np.result_type(*(piece.dtype for piece in pieces.values()))
         arrays = [a.astype(dtype, copy=False) for a in arrays]
@@ -560,6 +577,7 @@ class _Piece(NamedTuple):
     stop: int
     shape: tuple[int, ...]  # its input times (none for a static field) and carried dims
     lacking: tuple[int, ...]  # the axes of the patched dims it lacks, broadcast
+    turn: tuple[int, ...]  # then its patch axes from the layout's order to its own
     dtype: np.dtype
 
     def unpack(self, inputs: np.ndarray) -> np.ndarray:
@@ -568,4 +586,5 @@ class _Piece(NamedTuple):
             len(inputs), *self.shape, *inputs.shape[2:]
         )
         part = part[tuple(0 if a in self.lacking else slice(None) for a in range(part.ndim))]
+        part = part.transpose(self.turn)
         return part.astype(self.dtype, copy=False)
