@@ -20,7 +20,7 @@ import xarray as xr
 from xpatch.core.apply import BatchFunction
 from xpatch.core.chunk_cache import DEFAULT_CACHE_BYTES
 from xpatch.core.errors import GeometryError
-from xpatch.core.geometry import Boundary, Geometry
+from xpatch.core.geometry import AxisBoundary, Geometry
 from xpatch.core.padding import PadMode
 from xpatch.core.plan import Plan
 from xpatch.core.samplers import AtLabels, Sampler, anchor_array
@@ -70,6 +70,10 @@ class Patcher(Generic[T]):
         :class:`~xpatch.UncoveredCellsWarning` that counts the uncovered cells.
         ``"raise"``: raise if the grid's stride does not end flush with the edge
         (with explicit or random anchors: if a patch leaves the array).
+        ``"periodic"``: the dim wraps (a global grid's longitude): patches start at
+        ``0, stride, ...`` below its extent, those past the end go on with its first
+        cells, and their results land back there. One mode for every dim, or
+        ``{dim: mode}`` (dims left out take ``"shift"``).
     window
         Blending window for :meth:`reconstruct`: ``"boxcar"`` (default), ``"hann"``,
         ``"triangular"``, ``"tukey"`` / ``("tukey", alpha)``, ``("gaussian", sigma)``,
@@ -158,7 +162,7 @@ class Patcher(Generic[T]):
         size: Mapping[Hashable, int] | None = None,
         stride: int | Mapping[Hashable, int] | None = None,
         *,
-        boundary: Boundary = DEFAULT.boundary,
+        boundary: AxisBoundary | Mapping[Hashable, AxisBoundary] = DEFAULT.boundary,
         window: WindowSpec | Mapping[Hashable, WindowSpec] = DEFAULT.window,
         sampler: Sampler | AtLabels | ObjectSampler | None = DEFAULT.sampler,
         min_valid: float | None = DEFAULT.min_valid,
@@ -229,7 +233,7 @@ class Patcher(Generic[T]):
         return self._layout.stride
 
     @property
-    def boundary(self) -> Boundary:
+    def boundary(self) -> AxisBoundary | dict[Hashable, AxisBoundary]:
         """The boundary mode."""
         return self._layout.boundary
 

@@ -158,16 +158,6 @@ def test_a_grain_source_serves_the_patches_across_the_seam():
             OptionError,
             "not a boundary mode",
         ),
-        (
-            {
-                "level": 1,
-                "lat": 8,
-                "lon": 8,
-                "boundary": {"lon": "periodic", "lat": "pad", "level": "drop"},
-            },
-            OptionError,
-            "one",
-        ),
     ],
 )
 def test_bad_periodic_layouts_are_refused_naming_the_argument(options, error, match):
@@ -240,13 +230,18 @@ def test_the_bounds_of_a_patch_across_the_seam_go_on_past_the_last_label():
     assert right > 360
 
 
-def test_a_boundary_per_dim_is_taken_when_the_dims_share_one_mode():
+def test_a_boundary_per_dim_gives_each_dim_its_own_mode():
     field = global_field()
     mapped = field.patch(lat=12, lon=24, stride=12, boundary={"lat": "pad", "lon": "pad"})
     assert mapped.boundary == "pad"
     assert len(mapped) == len(field.patch(lat=12, lon=24, stride=12, boundary="pad"))
-    with pytest.raises(OptionError, match="different modes"):
-        field.patch(lat=8, lon=24, boundary={"lat": "pad"})  # lon takes "shift"
+    mixed = field.patch(lat=12, lon=24, stride=12, boundary={"lat": "pad"})  # lon: shift
+    lat_starts = [0, 12]  # pad: 24 cells
+    lon_starts = [0, 12, 24, 36, 40]  # shift: the last one flush with the end
+    expected = [[a, b] for a in lat_starts for b in lon_starts]
+    assert mixed.anchors().values.tolist() == expected
+    out = mixed.reconstruct(mixed.patches())
+    xr.testing.assert_allclose(out, field)
 
 
 def test_a_stride_past_the_size_warns_of_the_cells_no_patch_covers():
@@ -261,7 +256,7 @@ def test_a_stride_past_the_size_warns_of_the_cells_no_patch_covers():
 
 def test_a_dim_left_out_of_the_boundary_takes_shift_not_another_dims_mode():
     field = global_field()
-    with pytest.raises(OptionError, match="left out take 'shift'"):
-        field.patch(level=1, lat=8, lon=8, boundary={"lon": "periodic", "lat": "pad"})
+    p = field.patch(level=1, lat=8, lon=8, boundary={"lon": "periodic", "lat": "pad"})
+    assert p.boundary == {"level": "shift", "lat": "pad", "lon": "periodic"}
     p = field.patch(level=1, lat=8, lon=8, boundary={"lon": "periodic", "lat": "shift"})
     assert p.boundary == {"level": "shift", "lat": "shift", "lon": "periodic"}

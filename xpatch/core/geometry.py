@@ -16,12 +16,14 @@ from typing import Literal, get_args
 import numpy as np
 
 from xpatch.core.checks import check_choice, check_patched_dims
-from xpatch.core.errors import GeometryError, OptionError
+from xpatch.core.errors import DimensionError, GeometryError, OptionError
 
 Boundary = Literal["shift", "pad", "drop", "raise"]
 BOUNDARIES: tuple[str, ...] = get_args(Boundary)
 #: The boundary of a dim that wraps (a global grid's longitude), given per dim.
 PERIODIC = "periodic"
+#: The boundary mode of one axis: how it ends, or that it wraps.
+AxisBoundary = Literal["shift", "pad", "drop", "raise", "periodic"]
 
 
 def as_positive_int(value: object, argument: str) -> int:
@@ -46,25 +48,45 @@ def as_positive_int(value: object, argument: str) -> int:
     return as_int
 
 
-def check_boundary(boundary: object) -> Boundary:
-    """Return ``boundary`` if it is a known mode, else raise listing the valid ones.
+def check_boundary(boundary: object) -> AxisBoundary:
+    """Return ``boundary`` if it is a known mode of one axis, else raise listing them."""
+    return check_choice("boundary", boundary, (*BOUNDARIES, PERIODIC))  # type: ignore[return-value]
 
-    ``"periodic"`` is not a mode of the axes that end: periodic axes are named by
-    :meth:`Geometry.build`'s ``periodic`` (``obj.patch`` reads both from ``boundary``).
+
+def axis_boundaries(boundary: object, dims: Sequence[Hashable]) -> tuple[AxisBoundary, ...]:
+    """Return each axis's boundary mode: one for all, or ``{dim: mode}`` (left out: shift).
+
+    The one reading of ``boundary`` (as xarray's rolling turns per-dim options into
+    per-axis lists once).
+
+    Examples
+    --------
+    >>> axis_boundaries({"x": "periodic"}, ("y", "x")), axis_boundaries("pad", ("y",))
+    (('shift', 'periodic'), ('pad',))
     """
-    periodic = boundary == PERIODIC or (
-        isinstance(boundary, Mapping) and PERIODIC in boundary.values()
-    )
-    if periodic:
-        raise OptionError(
-            f"boundary={boundary!r}: Geometry.build takes the mode of the axes that end "
-            "and the periodic dims apart: Geometry.build(..., 'shift', periodic=['lon'])."
+    if not isinstance(boundary, Mapping):
+        mode = check_boundary(boundary)
+        return (mode,) * len(dims)
+    unknown = [d for d in boundary if d not in dims]
+    if unknown:
+        raise DimensionError(
+            f"boundary={dict(boundary)!r} names {unknown!r}, which are not patched dims "
+            f"{list(dims)!r}; give {{dim: mode}} over them (dims left out take 'shift')."
         )
-    return check_choice("boundary", boundary, BOUNDARIES)  # type: ignore[return-value]
+    modes = []
+    for d in dims:
+        mode = boundary.get(d, "shift")
+        if not isinstance(mode, str) or mode not in (*BOUNDARIES, PERIODIC):
+            raise OptionError(
+                f"boundary={dict(boundary)!r}: {mode!r} for {d!r} is not a boundary mode; "
+                f"use one of {[*BOUNDARIES, PERIODIC]}."
+            )
+        modes.append(mode)
+    return tuple(modes)
 
 
 def axis_starts(
-    extent: int, size: int, stride: int, boundary: Boundary, dim: Hashable, periodic: bool = False
+    extent: int, size: int, stride: int, boundary: AxisBoundary, dim: Hashable
 ) -> np.ndarray:
     """Start indices of a regular grid of patches along one axis.
 
@@ -75,13 +97,11 @@ def axis_starts(
     boundary
         What to do when the last step does not end flush with the edge: move the
         last patch back (``"shift"``), pad past the edge (``"pad"``), leave the
-        incomplete patch out (``"drop"``) or raise (``"raise"``).
+        incomplete patch out (``"drop"``) or raise (``"raise"``). ``"periodic"``:
+        the axis wraps (a global grid's longitude), patches start at ``0, stride,
+        ...`` below ``extent`` and those past the end go on with the first cells.
     dim
         Name of the axis, for error messages.
-    periodic
-        Whether the axis wraps (a global grid's longitude): patches start at
-        ``0, stride, ...`` below ``extent`` and those past the end go on with the
-        first cells, so ``boundary`` has nothing to do.
 
     Examples
     --------
@@ -93,10 +113,10 @@ def axis_starts(
     array([0, 3, 6, 9])
     >>> axis_starts(11, 4, 3, "drop", "x")
     array([0, 3, 6])
-    >>> axis_starts(11, 4, 3, "shift", "x", periodic=True)
+    >>> axis_starts(11, 4, 3, "periodic", "x")
     array([0, 3, 6, 9])
     """
-    if periodic:
+    if boundary == PERIODIC:
         return np.arange(0, extent, stride, dtype=np.int64)
     if boundary == "pad":
         count = -(-max(extent - size, 0) // stride) + 1
@@ -152,23 +172,32 @@ class Geometry:
         Extent of the array along each patched axis.
     size, stride
         Patch extent and step between patch starts along each patched axis.
-    boundary
-        Boundary mode of the axes that do not wrap (see :func:`axis_starts`).
-    periodic
-        Per axis, whether it wraps: its anchors lie in ``[0, extent)`` and a patch
-        past the end goes on with the first cells (empty: none wraps).
+    boundaries
+        The boundary mode of each axis (see :func:`axis_starts`): how it ends, or
+        ``"periodic"``: its anchors lie in ``[0, extent)`` and a patch past the end
+        goes on with the first cells.
     """
 
     dims: tuple[Hashable, ...]
     shape: tuple[int, ...]
     size: tuple[int, ...]
     stride: tuple[int, ...]
-    boundary: Boundary
-    periodic: tuple[bool, ...] = ()
+    boundaries: tuple[AxisBoundary, ...]
+
+    @property
+    def boundary(self) -> AxisBoundary | dict[Hashable, AxisBoundary]:
+        """The one mode every axis has, or ``{dim: mode}`` when they differ."""
+        if len(set(self.boundaries)) == 1:
+            return self.boundaries[0]
+        return dict(zip(self.dims, self.boundaries))
 
     def wraps(self, axis: int) -> bool:
         """Whether axis ``axis`` is periodic."""
-        return bool(self.periodic) and self.periodic[axis]
+        return self.boundaries[axis] == PERIODIC
+
+    def pads(self, axis: int) -> bool:
+        """Whether patches may run past the end of axis ``axis`` (``"pad"``)."""
+        return self.boundaries[axis] == "pad"
 
     @property
     def periodic_axes(self) -> tuple[int, ...]:
@@ -182,7 +211,6 @@ class Geometry:
         size: Mapping[Hashable, object],
         stride: int | Mapping[Hashable, object] | None,
         boundary: object,
-        periodic: Sequence[Hashable] = (),
     ) -> Geometry:
         """Validate the arguments and return the geometry.
 
@@ -196,10 +224,8 @@ class Geometry:
             One step for all dims, a ``{dim: step}`` mapping (dims left out step by
             their size), or ``None`` for no overlap.
         boundary
-            One of ``"shift"``, ``"pad"``, ``"drop"``, ``"raise"``: how the axes that
-            do not wrap end.
-        periodic
-            The dims that wrap (see :attr:`periodic`).
+            One of ``"shift"``, ``"pad"``, ``"drop"``, ``"raise"``, ``"periodic"``, or
+            ``{dim: mode}`` (dims left out: ``"shift"``).
 
         Examples
         --------
@@ -208,9 +234,11 @@ class Geometry:
         (3, 3)
         >>> len(g.grid_anchors())
         9
+        >>> Geometry.build({"y": 10, "x": 8}, {"y": 4, "x": 4}, 3, {"x": "periodic"}).boundary
+        {'y': 'shift', 'x': 'periodic'}
         """
         dims = tuple(shape)
-        boundary = check_boundary(boundary)
+        modes = axis_boundaries(boundary, dims)
         sizes = tuple(as_positive_int(size[d], f"size[{d!r}]") for d in dims)
         if stride is None:
             strides = sizes
@@ -222,27 +250,21 @@ class Geometry:
         else:
             one = as_positive_int(stride, "stride")
             strides = (one,) * len(dims)
-        unknown = [d for d in periodic if d not in dims]
-        if unknown:
-            raise OptionError(f"periodic dims {unknown!r} are not patched dims {list(dims)!r}.")
-        for d, s in zip(dims, sizes):
-            if d in periodic and s > shape[d]:
+        for d, s, mode in zip(dims, sizes, modes):
+            if mode == PERIODIC and s > shape[d]:
                 raise GeometryError(
                     f"size[{d!r}]={s} is larger than the periodic dim {d!r} ({shape[d]} cells): "
                     f"a patch would hold some cells twice. Use a size of at most {shape[d]}."
                 )
-        if boundary != "pad":
-            for d, s in zip(dims, sizes):
-                if s > shape[d] and d not in periodic:
-                    raise GeometryError(
-                        f"size[{d!r}]={s} is larger than the array along {d!r} (extent "
-                        f"{shape[d]}). Use a patch size of at most {shape[d]} along {d!r}, "
-                        "or boundary='pad' to pad the edges."
-                    )
+            if mode not in ("pad", PERIODIC) and s > shape[d]:
+                raise GeometryError(
+                    f"size[{d!r}]={s} is larger than the array along {d!r} (extent "
+                    f"{shape[d]}). Use a patch size of at most {shape[d]} along {d!r}, "
+                    "or boundary='pad' to pad the edges."
+                )
         # boundary="raise" is checked by the samplers: a grid raises when its stride
         # does not end flush, explicit anchors only when a patch leaves the array.
-        wraps = tuple(d in periodic for d in dims) if periodic else ()
-        return cls(dims, tuple(int(shape[d]) for d in dims), sizes, strides, boundary, wraps)
+        return cls(dims, tuple(int(shape[d]) for d in dims), sizes, strides, modes)
 
     @property
     def ndim(self) -> int:
@@ -252,8 +274,10 @@ class Geometry:
     def grid_starts(self) -> tuple[np.ndarray, ...]:
         """Start indices of the regular grid along each patched axis."""
         return tuple(
-            axis_starts(e, s, t, self.boundary, d, self.wraps(j))
-            for j, (d, e, s, t) in enumerate(zip(self.dims, self.shape, self.size, self.stride))
+            axis_starts(e, s, t, mode, d)
+            for d, e, s, t, mode in zip(
+                self.dims, self.shape, self.size, self.stride, self.boundaries
+            )
         )
 
     def grid_anchors(self) -> np.ndarray:
@@ -297,7 +321,10 @@ class Geometry:
                 "To give coordinate labels, use xpatch.AtLabels."
             )
         array = array.astype(np.int64)
-        upper = np.subtract(self.shape, 1) if self.boundary == "pad" else self.max_anchor()
+        upper = self.max_anchor()
+        for j in range(self.ndim):
+            if self.pads(j):
+                upper[j] = self.shape[j] - 1
         bad = (array < 0) | (array > upper)
         if bad.any():
             row, col = np.argwhere(bad)[0]
@@ -305,7 +332,7 @@ class Geometry:
                 f"{argument}[{row}] = {array[row].tolist()} puts a patch of size "
                 f"{self.size[col]} outside the array along {self.dims[col]!r} (extent "
                 f"{self.shape[col]}): starts must lie in [0, {upper[col]}]"
-                + ("." if self.boundary == "pad" else ", or use boundary='pad'.")
+                + ("." if self.pads(col) or self.wraps(col) else ", or use boundary='pad'.")
             )
         return array
 

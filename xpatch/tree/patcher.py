@@ -50,7 +50,7 @@ from xpatch.tree.nodes import (
 from xpatch.tree.source import TreeSource
 from xpatch.xarray.apply import ApplyOptions, ApplyReduction, OutputDims, OutputDTypes
 from xpatch.xarray.encoding import NodataOption
-from xpatch.xarray.layout import LayoutOptions, patched_dims, size_mapping, split_boundary
+from xpatch.xarray.layout import LayoutOptions, patched_dims, size_mapping
 
 #: What sizes and strides count: the reference node's cells, or map (CRS) units.
 Units = Literal["cells", "crs"]
@@ -194,8 +194,7 @@ class TreePatcher:
         # Sizes and strides are checked at every node before the reference's
         # sampler runs (min_valid and weighted samplers read data).
         shape = {d: ref_obj.sizes[d] for d in dims}
-        periodic, boundary = split_boundary(layout_options.boundary, dims)
-        geometry = Geometry.build(shape, size, stride, boundary, periodic)
+        geometry = Geometry.build(shape, size, stride, layout_options.boundary)
         sizes = scale_layout(dict(zip(dims, geometry.size)), factors, reference, "size", unit)
         strides = scale_layout(dict(zip(dims, geometry.stride)), factors, reference, "stride", unit)
         ref = Patcher(ref_obj, size, stride, **layout_options.as_keywords())

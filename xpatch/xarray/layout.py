@@ -19,7 +19,7 @@ import numpy as np
 import xarray as xr
 
 from xpatch.core.errors import DimensionError, GeometryError, OptionError, UncoveredCellsWarning
-from xpatch.core.geometry import BOUNDARIES, PERIODIC, Boundary, Geometry
+from xpatch.core.geometry import AxisBoundary, Geometry
 from xpatch.core.padding import PadMode, check_pad_mode
 from xpatch.core.plan import Plan, max_group_size
 from xpatch.core.samplers import AtLabels, RegularGrid, Sampler, index_positions
@@ -55,7 +55,7 @@ class LayoutOptions:
     ('hann', {'y': 256})
     """
 
-    boundary: Boundary = "shift"
+    boundary: AxisBoundary | Mapping[Hashable, AxisBoundary] = "shift"
     window: WindowSpec | Mapping[Hashable, WindowSpec] = "boxcar"
     sampler: Sampler | AtLabels | ObjectSampler | None = None
     min_valid: float | None = None
@@ -179,10 +179,9 @@ class Layout(Generic[T]):
             raise DimensionError(
                 f"no data variable of the Dataset has any of the patched dimensions {list(dims)!r}."
             )
-        periodic, boundary = split_boundary(options.boundary, dims)
+        geometry = Geometry.build({d: obj.sizes[d] for d in dims}, size, stride, options.boundary)
+        periodic = [geometry.dims[j] for j in geometry.periodic_axes]
         check_one_turn(obj, periodic)
-        shape = {d: obj.sizes[d] for d in dims}
-        geometry = Geometry.build(shape, size, stride, boundary, periodic)
         window_array = make_window(options.window, geometry.dims, geometry.size)
         sampler = RegularGrid() if options.sampler is None else options.sampler
         if isinstance(sampler, AtLabels):
@@ -199,7 +198,8 @@ class Layout(Generic[T]):
         halo = check_halo(options.halo, geometry.dims)
         check_halo_turn(geometry, halo)
         # A halo reaches past the array's edges whatever the boundary: pad_mode fills it.
-        filled = "pad" if any(halo) else boundary
+        padded = any(halo) or any(geometry.pads(j) for j in range(geometry.ndim))
+        filled = "pad" if padded else "shift"
         pad_mode = check_pad_modes(
             options.pad_mode, geometry.dims, filled, options.pad_value, periodic
         )
@@ -259,12 +259,9 @@ class Layout(Generic[T]):
         return dict(zip(self.dims, self.geometry.stride))
 
     @property
-    def boundary(self) -> Boundary | dict[Hashable, str]:
-        """The boundary mode; ``{dim: mode}`` when some dims are periodic."""
-        g = self.geometry
-        if not g.periodic_axes:
-            return g.boundary
-        return {d: PERIODIC if g.wraps(j) else g.boundary for j, d in enumerate(g.dims)}
+    def boundary(self) -> AxisBoundary | dict[Hashable, AxisBoundary]:
+        """The boundary mode; ``{dim: mode}`` when the dims differ."""
+        return self.geometry.boundary
 
     @property
     def periodic(self) -> tuple[Hashable, ...]:
@@ -367,55 +364,6 @@ def check_pad_modes(
     return modes
 
 
-def boundary_modes(boundary: object, dims: tuple[Hashable, ...]) -> dict[Hashable, object]:
-    """Return each patched dim's boundary mode: one for all, or ``{dim: mode}`` (left out: shift).
-
-    Examples
-    --------
-    >>> boundary_modes({"x": "pad"}, ("y", "x")), boundary_modes("drop", ("y",))
-    ({'y': 'shift', 'x': 'pad'}, {'y': 'drop'})
-    """
-    if not isinstance(boundary, Mapping):
-        return dict.fromkeys(dims, boundary)
-    unknown = [d for d in boundary if d not in dims]
-    if unknown:
-        raise DimensionError(
-            f"boundary={dict(boundary)!r} names {unknown!r}, which are not patched dims "
-            f"{list(dims)!r}."
-        )
-    return {d: boundary.get(d, "shift") for d in dims}
-
-
-def split_boundary(boundary: object, dims: tuple[Hashable, ...]) -> tuple[list, str]:
-    """Return the periodic dims and the one mode of the others (dims left out: ``"shift"``).
-
-    The one reading of ``boundary``: a mode for every dim, or ``{dim: mode}``. The
-    dims that do not wrap share one mode.
-
-    Examples
-    --------
-    >>> split_boundary({"x": "periodic"}, ("y", "x")), split_boundary("drop", ("y",))
-    ((['x'], 'shift'), ([], 'drop'))
-    >>> split_boundary({"y": "pad", "x": "pad"}, ("y", "x"))
-    ([], 'pad')
-    """
-    modes = boundary_modes(boundary, dims)
-    others = {m for m in modes.values() if m != PERIODIC}
-    if len(others) > 1:
-        raise OptionError(
-            f"boundary={dict(boundary)!r} gives the patched dims different modes "  # type: ignore[call-overload]
-            f"{sorted(map(str, others))!r}: give them one (dims left out take 'shift'); only "
-            "periodic dims may differ: boundary={'lon': 'periodic', 'lat': 'shift'}."
-        )
-    base = others.pop() if others else "shift"
-    if not isinstance(base, str) or base not in BOUNDARIES:
-        raise OptionError(
-            f"boundary={boundary!r}: {base!r} is not a boundary mode; use one of "
-            f"{[*BOUNDARIES, PERIODIC]} (or {{dim: mode}})."
-        )
-    return [d for d in dims if modes[d] == PERIODIC], base
-
-
 def check_one_turn(obj: xr.DataArray | xr.Dataset, periodic: list) -> None:
     """Refuse a periodic dim whose labels, in degrees, do not span one whole turn.
 
@@ -510,7 +458,7 @@ def grown_layout(layout: Layout) -> Layout:
     obj = padded_object(layout.obj, widths, layout.pad_mode, layout.pad_value)
     size = tuple(s + 2 * h for s, h in zip(geometry.size, halo))
     shape = tuple(obj.sizes[d] for d in geometry.dims)
-    grown = Geometry(geometry.dims, shape, size, geometry.stride, "shift")
+    grown = Geometry(geometry.dims, shape, size, geometry.stride, ("shift",) * len(shape))
     grid = plan_grid(patched_variables(obj, geometry.dims), geometry.dims, shape)
     plan = Plan(grid, size, anchors, layout.plan.order, layout.plan.groups)
     # The halo is read, not kept: its cells weigh nothing.

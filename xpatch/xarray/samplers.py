@@ -283,15 +283,22 @@ class InBounds(ObjectSampler):
             starts.append(lo)
             extents[d] = hi - lo
         size = dict(zip(geometry.dims, geometry.size))
-        too_small = {d: extents[d] for d in geometry.dims if extents[d] < size[d]}
-        if too_small and geometry.boundary != "pad":
+        too_small = {
+            d: extents[d]
+            for j, d in enumerate(geometry.dims)
+            if extents[d] < size[d] and not geometry.pads(j)
+        }
+        if too_small:
             raise GeometryError(
                 f"InBounds: the box covers {too_small} cells, fewer than the patch size "
                 f"{size}; use a larger box or boundary='pad'."
             )
-        inner = Geometry.build(
-            extents, size, dict(zip(geometry.dims, geometry.stride)), geometry.boundary
-        )
+        # A box is a region: along a periodic dim its grid ends where the box does.
+        ends = {
+            d: "shift" if geometry.wraps(j) else mode
+            for j, (d, mode) in enumerate(zip(geometry.dims, geometry.boundaries))
+        }
+        inner = Geometry.build(extents, size, dict(zip(geometry.dims, geometry.stride)), ends)
         anchors = RegularGrid().anchors(inner) + np.asarray(starts, dtype=np.int64)
         return _ResolvedAnchors(anchors, keeps_order=False)
 

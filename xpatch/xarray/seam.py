@@ -73,7 +73,11 @@ class SeamBlend:
         extended = padded_object(layout.obj, widths, "wrap", None)
         shift = np.array([before.get(d, 0) for d in g.dims], dtype=np.int64)
         options = layout.options(
-            boundary=g.boundary,
+            # The extended object has no seam left: its periodic dims end.
+            boundary={
+                d: "shift" if g.wraps(j) else m
+                for j, (d, m) in enumerate(zip(g.dims, g.boundaries))
+            },
             sampler=Anchors(every + shift),
             min_valid=None,
             pad_mode=_ended_pad_mode(layout),
