@@ -208,17 +208,19 @@ def test_resume_false_with_an_interrupted_run_does_not_deny_the_record(lazy, tmp
 
 
 def test_a_write_that_fails_before_any_block_leaves_no_stale_record(tmp_path):
-    # Zarr cannot store irregular dask chunks (a first chunk smaller than the last).
+    # Zarr cannot create a variable of an encoded dtype that does not exist.
     data = np.random.default_rng(5).random((64, 64))
-    irregular = xr.DataArray(data, dims=("y", "x")).chunk({"y": (20, 44), "x": 32})
+    bad = xr.DataArray(data, dims=("y", "x")).chunk(32)
+    bad.encoding["dtype"] = "not-a-dtype"
     path = tmp_path / "o.zarr"
-    with pytest.raises(ValueError, match=r"chunk"):
-        xpatch.write(irregular, path, progress=False)
+    with pytest.raises(TypeError, match=r"not-a-dtype"):
+        xpatch.write(bad, path, progress=False)
 
     # Nothing was written, so nothing may be left that claims an interrupted run ...
     assert not progress_record(path).exists()
     # ... and the corrected result goes to the same path without overwrite=True.
-    assert xpatch.write(irregular.chunk({"y": 32}), path, progress=False) == 4
+    bad.encoding.pop("dtype")
+    assert xpatch.write(bad, path, progress=False) == 4
     np.testing.assert_array_equal(xr.open_zarr(path)["data"].values, data)
 
 

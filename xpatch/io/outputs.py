@@ -34,6 +34,7 @@ from xpatch.core.plan import block_regions
 from xpatch.io.location import Location
 from xpatch.io.record import ProgressRecord, WriterLock, read_bytes, write_marker
 from xpatch.io.waves import STORE_TASK_PREFIX
+from xpatch.xarray.provenance import facts_of, record_facts
 
 #: Folder of the progress record inside a zarr store.
 ZARR_RECORD_FOLDER = ".xpatch"
@@ -162,11 +163,123 @@ def _store_zarr_block(block: np.ndarray, target: Any, region: tuple, fs: Any, ma
     return 1
 
 
-class ZarrOutput:
-    """A zarr output at ``location``: a group holding ``dataset``'s variables."""
+def zarr_chunk_sizes(chunks: tuple[tuple[int, ...], ...], encoded: Any = None) -> dict[int, int]:
+    """Return ``{axis: size}`` for the axes whose dask ``chunks`` zarr cannot store as they are.
 
-    def __init__(self, dataset: xr.Dataset, location: Location) -> None:
-        self.dataset = dataset
+    Zarr chunks are regular: one size per axis, the last chunk cut short. Dask
+    blocks can be anything (``(10, 7, 13)`` after a ragged ``chunk``), and xarray
+    refuses to write them. Without ``encoded`` zarr chunk sizes, an axis is
+    fine when its blocks are regular (all one size but a shorter last one); its
+    zarr chunk is then the first block's size, as xarray picks. Otherwise the
+    axis gets the size of its largest block, so the write has no more blocks than
+    before. With ``encoded`` sizes (a variable's ``encoding["chunks"]``), an axis
+    is fine when every block starts on a zarr chunk, else it gets the encoded size.
+
+    Examples
+    --------
+    >>> zarr_chunk_sizes(((3,), (10, 7, 13), (10, 10, 4)))
+    {1: 13}
+    >>> zarr_chunk_sizes(((8, 8, 4),), encoded=(4,)), zarr_chunk_sizes(((6, 6),), encoded=(4,))
+    ({}, {0: 4})
+    """
+    sizes: dict[int, int] = {}
+    for axis, blocks in enumerate(chunks):
+        if len(blocks) < 2:
+            continue
+        if encoded is not None and len(encoded) == len(chunks):
+            size = int(encoded[axis])
+            starts = np.cumsum(blocks[:-1])
+            if np.any(starts % size):
+                sizes[axis] = size
+        elif any(b != blocks[0] for b in blocks[:-1]) or blocks[-1] > blocks[0]:
+            sizes[axis] = max(blocks)
+    return sizes
+
+
+def zarr_chunked(dataset: xr.Dataset) -> xr.Dataset:
+    """Return ``dataset`` with each dask variable's blocks made regular zarr chunks, lazily.
+
+    A variable whose blocks zarr cannot store (:func:`zarr_chunk_sizes`) is
+    rechunked along those axes only: every block of the result is then exactly
+    one zarr chunk, or a run of whole ones, so no two blocks write into the same
+    chunk (concurrent store tasks stay safe) and each block's marker in the
+    progress record means whole chunks. The rechunk is deterministic, so a
+    resumed run finds the same blocks. The facts recorded for a result
+    (:func:`xpatch.xarray.provenance.record_facts`) carry over to its rechunked
+    array, so that a refused resume still says what changed.
+
+    Examples
+    --------
+    >>> import numpy as np, xarray as xr
+    >>> ds = xr.Dataset({"v": (("y", "x"), np.zeros((30, 8)))}).chunk({"y": (10, 7, 13)})
+    >>> zarr_chunked(ds)["v"].chunks
+    ((13, 13, 4), (8,))
+    """
+    changed: dict[Hashable, xr.Variable] = {}
+    for var_name, var in dataset.variables.items():
+        data = var.data
+        if not isinstance(data, da.Array):
+            continue
+        sizes = zarr_chunk_sizes(data.chunks, var.encoding.get("chunks"))
+        if not sizes:
+            continue
+        rechunked = data.rechunk(sizes)
+        facts = facts_of(data.name)
+        if facts is not None:
+            record_facts(rechunked.name, facts)
+        changed[var_name] = var.copy(deep=False, data=rechunked)
+    if not changed:
+        return dataset
+    coords = {name: var for name, var in changed.items() if name in dataset.coords}
+    data_vars = {name: var for name, var in changed.items() if name not in dataset.coords}
+    return dataset.assign_coords(coords).assign(data_vars)
+
+
+def tree_groups(tree: xr.DataTree) -> dict[str, xr.Dataset]:
+    """Return the zarr group path (``""`` for the root) -> the variables of each node of ``tree``.
+
+    Each node holds its own variables only: coordinates it inherits are stored
+    in the ancestor that defines them, as ``DataTree.to_zarr`` writes them.
+
+    Examples
+    --------
+    >>> import numpy as np, xarray as xr
+    >>> tree = xr.DataTree.from_dict({"/a": xr.Dataset({"v": ("x", np.zeros(2))}), "/a/b": None})
+    >>> {path: list(ds.variables) for path, ds in tree_groups(tree).items()}
+    {'': [], 'a': ['v'], 'a/b': []}
+    """
+    groups = {}
+    for node in tree.subtree:
+        path = node.relative_to(tree)
+        groups["" if path == "." else path] = node.to_dataset(inherit=False)
+    return groups
+
+
+def group_variable(group: str, name: Hashable) -> str:
+    """Return the path of variable ``name`` of zarr group ``group`` from the store's root.
+
+    Examples
+    --------
+    >>> group_variable("", "v"), group_variable("10m", "b02")
+    ('v', '10m/b02')
+    """
+    return f"{group}/{name}" if group else str(name)
+
+
+class ZarrOutput:
+    """A zarr output at ``location``: a group holding a Dataset's variables, or a tree of groups.
+
+    ``result`` is a Dataset (one group: the store's root) or a DataTree (one
+    group per node, as ``DataTree.to_zarr`` writes it). ``groups`` maps each
+    group's path (``""`` for the root) to its own variables; a block's marker
+    names its variable by its path from the root (``"10m/b02"``). ``dataset``
+    is the root group's variables.
+    """
+
+    def __init__(self, result: xr.Dataset | xr.DataTree, location: Location) -> None:
+        self.result = result
+        self.groups = tree_groups(result) if isinstance(result, xr.DataTree) else {"": result}
+        self.dataset = self.groups[""]
         self.location = location
         folder = location.join(ZARR_RECORD_FOLDER)
         self.record = ProgressRecord(location.fs, folder, location.name)
@@ -214,7 +327,7 @@ class ZarrOutput:
         # mode="a": the store already holds the record and lock, which "w-" would refuse
         # and "w" would delete.
         with _record_ignored():
-            self.dataset.to_zarr(self.store, mode="a", compute=False, consolidated=False)
+            self.result.to_zarr(self.store, mode="a", compute=False, consolidated=False)
 
     def check_readable(self) -> None:
         """Refuse a resume whose zarr metadata is missing or damaged."""
@@ -223,8 +336,9 @@ class ZarrOutput:
         try:
             with _record_ignored():
                 group = zarr.open_group(self.store, mode="r+")
-                for var_name in self.dataset.variables:
-                    group[str(var_name)]
+                for path, dataset in self.groups.items():
+                    for var_name in dataset.variables:
+                        group[group_variable(path, var_name)]
         except Exception as error:  # zarr raises KeyError, JSON and format errors alike
             raise OutputError(
                 f"the zarr metadata of {self.location.name!r} is missing or damaged "
@@ -237,36 +351,45 @@ class ZarrOutput:
         import zarr
 
         group = zarr.open_group(self.store, mode="r+")
-        tasks = StoreTasks(tokenize(self.dataset, self.location.name))
+        tasks = StoreTasks(tokenize(*self.groups.values(), self.location.name))
         fs = self.location.fs
-        order = wave_order(self.dataset)
-        # Data variables, and coordinates backed by dask, which to_zarr(compute=False)
-        # leaves unwritten.
-        for var_name, var in self.dataset.variables.items():
-            data = var.data
-            if not isinstance(data, da.Array):
-                continue
-            tasks.dependencies.append(data)
-            target = group[str(var_name)]
-            for index, region in block_regions(data.chunks):
-                marker = self.record.marker(var_name, index)
-                if marker in done:
+        for path, dataset in self.groups.items():
+            # Each group's blocks in its own order: the blocks of nodes at several
+            # resolutions over the same ground (the same index) share a wave.
+            order = wave_order(dataset)
+            # Data variables, and coordinates backed by dask, which to_zarr(compute=False)
+            # leaves unwritten.
+            for var_name, var in dataset.variables.items():
+                data = var.data
+                if not isinstance(data, da.Array):
                     continue
-                key = (tasks.name, str(var_name), *index)
-                tasks.indices[key] = order(var.dims, index)
-                tasks.tasks[key] = (
-                    _store_zarr_block,
-                    (data.name, *index),
-                    target,
-                    region,
-                    fs,
-                    marker,
-                )
+                tasks.dependencies.append(data)
+                stored = group_variable(path, var_name)
+                target = group[stored]
+                for index, region in block_regions(data.chunks):
+                    marker = self.record.marker(stored, index)
+                    if marker in done:
+                        continue
+                    key = (tasks.name, stored, *index)
+                    tasks.indices[key] = order(var.dims, index)
+                    tasks.tasks[key] = (
+                        _store_zarr_block,
+                        (data.name, *index),
+                        target,
+                        region,
+                        fs,
+                        marker,
+                    )
         return tasks
 
     def variables(self) -> list[Hashable]:
         """Return the variables that get block markers."""
-        return [n for n, v in self.dataset.variables.items() if isinstance(v.data, da.Array)]
+        return [
+            group_variable(path, n)
+            for path, dataset in self.groups.items()
+            for n, v in dataset.variables.items()
+            if isinstance(v.data, da.Array)
+        ]
 
     def finish(self) -> None:
         """Consolidate the metadata, so that readers open the store with one read."""

@@ -29,7 +29,15 @@ from xpatch.core.errors import OptionError, OutputError, OutputExistsError, warn
 from xpatch.io import waves
 from xpatch.io.geotiff import GEOTIFF_RECORD_SUFFIX, GeoTiffOutput, require_rasterio, stack_bands
 from xpatch.io.location import locate
-from xpatch.io.outputs import ZARR_RECORD_FOLDER, Output, StoreTasks, ZarrOutput
+from xpatch.io.outputs import (
+    ZARR_RECORD_FOLDER,
+    Output,
+    StoreTasks,
+    ZarrOutput,
+    group_variable,
+    tree_groups,
+    zarr_chunked,
+)
 from xpatch.io.waves import active_client
 from xpatch.xarray.encoding import file_nodata
 from xpatch.xarray.provenance import differences, fingerprint
@@ -192,14 +200,43 @@ def wrote_nothing(output: Output) -> bool:
 #: Errors of object-store clients that mean "no credentials found" (botocore's names).
 CREDENTIAL_ERRORS = ("NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError")
 
+#: Errors that mean "the store's server cannot be reached": the builtin ConnectionError,
+#: botocore's (EndpointConnectionError, ConnectTimeoutError...), aiohttp's, a failed DNS
+#: lookup. Matched by name in the error's classes: the libraries are optional.
+CONNECTION_ERRORS = ("ConnectionError", "ClientConnectorError", "ServerTimeoutError", "gaierror")
+
+
+def endpoint_of(error: BaseException, storage_options: dict | None) -> str | None:
+    """Return the URL that ``error`` failed to reach: botocore names it, else the options'.
+
+    Examples
+    --------
+    >>> endpoint_of(ConnectionRefusedError(), {"client_kwargs": {"endpoint_url": "http://h:9"}})
+    'http://h:9'
+    >>> endpoint_of(ConnectionRefusedError(), None) is None
+    True
+    """
+    named = getattr(error, "kwargs", None)
+    if isinstance(named, dict) and named.get("endpoint_url"):
+        return str(named["endpoint_url"])
+    options = storage_options or {}
+    client = options.get("client_kwargs") or {}
+    endpoint = options.get("endpoint_url") or (
+        client.get("endpoint_url") if isinstance(client, dict) else None
+    )
+    return None if endpoint is None else str(endpoint)
+
 
 @contextlib.contextmanager
-def storage_errors_named(path: Any) -> Iterator[None]:
-    """Turn a full disk or missing credentials while writing ``path`` into an :class:`OutputError`.
+def storage_errors_named(path: Any, storage_options: dict | None = None) -> Iterator[None]:
+    """Turn a full disk, missing credentials or an unreachable store into an :class:`OutputError`.
 
-    Both come from deep inside the store's library, naming no output and no fix.
-    A full disk stops the write where the space ran out; its record says which
-    blocks are stored, so the same call resumes once there is room.
+    All come from deep inside the store's library, naming no output and no fix
+    (an unreachable endpoint as a traceback of botocore's retries). A full disk
+    stops the write where the space ran out; its record says which blocks are
+    stored, so the same call resumes once there is room, as it does once the
+    store can be reached. ``storage_options`` (those of the write) tell which
+    endpoint was asked for when the error does not.
     """
     try:
         yield
@@ -207,6 +244,16 @@ def storage_errors_named(path: Any) -> Iterator[None]:
         where = str(path)
         first_line = (str(error).splitlines() or [repr(error)])[0]
         cause = f"({type(error).__name__}: {first_line})"
+        if any(cls.__name__ in CONNECTION_ERRORS for cls in type(error).__mro__):
+            endpoint = endpoint_of(error, storage_options)
+            at = f" at {endpoint!r}" if endpoint else ""
+            raise OutputError(
+                f"cannot write {where!r}: its store cannot be reached{at} {cause}. Check the "
+                "URL and the endpoint (storage_options={'client_kwargs': {'endpoint_url': "
+                "...}}, xpatch apply --storage-options), that the server runs and that this "
+                "machine reaches it; then run the same call again: blocks already written are "
+                "kept."
+            ) from error
         if any(cls.__name__ in CREDENTIAL_ERRORS for cls in type(error).__mro__):
             raise OutputError(
                 f"cannot write {where!r}: the object store found no credentials {cause}. "
@@ -322,7 +369,7 @@ def run_output(
 
 
 def open_output(
-    result: xr.DataArray | xr.Dataset,
+    result: xr.DataArray | xr.Dataset | xr.DataTree,
     path: Any,
     *,
     format: Format = "auto",
@@ -351,14 +398,16 @@ def open_output(
     >>> type(output).__name__, print_["format"], sorted(print_["variables"])
     ('ZarrOutput', 'zarr', ['data'])
     """
+    if isinstance(result, xr.DataTree):
+        return open_tree_output(result, path, format, storage_options)
     if isinstance(result, xr.DataArray):
         dataset = result.to_dataset(name=name if name is not None else result.name or "data")
     elif isinstance(result, xr.Dataset):
         dataset = result
     else:
         raise OptionError(
-            f"result is a {type(result).__name__}; write takes an xarray DataArray or Dataset "
-            "(or a mapping scene name -> DataArray/Dataset, written into a folder)."
+            f"result is a {type(result).__name__}; write takes an xarray DataArray, Dataset "
+            "or DataTree (or a mapping scene name -> DataArray/Dataset, written into a folder)."
         )
     kind = output_format(path, format)
     location = locate(path, storage_options)
@@ -378,6 +427,24 @@ def open_output(
         # As text: NaN would never equal itself after a JSON round trip.
         layout = {"nodata": None if nodata is None else repr(float(nodata))}
         return output, fingerprint(output.dataset, "geotiff", layout)
+    dataset = zarr_blocks(dataset)
+    return ZarrOutput(dataset, location), fingerprint(dataset, "zarr", {})
+
+
+def zarr_blocks(dataset: xr.Dataset) -> xr.Dataset:
+    """Return ``dataset`` as a zarr write takes it: every data variable lazy, in zarr's chunks.
+
+    Raises
+    ------
+    OptionError
+        If a variable's name holds ``/`` (zarr would read it as a group path).
+
+    Examples
+    --------
+    >>> import numpy as np, xarray as xr
+    >>> zarr_blocks(xr.Dataset({"v": ("x", np.zeros(4))}))["v"].chunks
+    ((4,),)
+    """
     nested = [str(n) for n in dataset.variables if "/" in str(n)]
     if nested:
         raise OptionError(
@@ -391,7 +458,48 @@ def open_output(
         if not isinstance(var.data, da.Array):
             data = da.from_array(np.asarray(var.data), chunks="auto")
             dataset[var_name] = var.copy(data=data)
-    return ZarrOutput(dataset, location), fingerprint(dataset, "zarr", {})
+    # Ragged dask blocks (a ragged input's chunks) become regular zarr chunks.
+    return zarr_chunked(dataset)
+
+
+def open_tree_output(
+    tree: xr.DataTree, path: Any, format: Format, storage_options: dict | None
+) -> tuple[Output, dict]:
+    """Return the zarr output of a DataTree (one group per node) and its fingerprint.
+
+    What :func:`open_output` does for a DataTree; each node's variables are made
+    ready as a Dataset's are (:func:`zarr_blocks`), and the fingerprint names
+    each variable by its path from the root (``"10m/b02"``).
+
+    Raises
+    ------
+    OptionError
+        If ``path`` or ``format`` asks for a GeoTIFF: one GeoTIFF holds one grid.
+    """
+    kind = output_format(path, format)
+    groups = tree_groups(tree)
+    if kind == "geotiff":
+        gridded = [group or "/" for group, ds in groups.items() if ds.data_vars]
+        raise OptionError(
+            f"result is a DataTree of {len(gridded)} node(s) with data ({gridded}) and "
+            f"path={str(path)!r} is a GeoTIFF, which holds one grid: write the tree to zarr "
+            "(a path ending in .zarr, or format='zarr'), one group per node, or write each "
+            "node to its own GeoTIFF, e.g. xpatch.write(tree['/10m'].to_dataset(), '10m.tif')."
+        )
+    location = locate(path, storage_options)
+    ready = {group: zarr_blocks(ds) for group, ds in groups.items()}
+    tree = xr.DataTree.from_dict({f"/{group}": ds for group, ds in ready.items()}, name=tree.name)
+    prints = {group: fingerprint(ds, "zarr", {}) for group, ds in ready.items()}
+    print_ = {
+        **prints[""],
+        "layout": {"groups": sorted(ready)},
+        "variables": {
+            group_variable(group, name): facts
+            for group, one in prints.items()
+            for name, facts in one["variables"].items()
+        },
+    }
+    return ZarrOutput(tree, location), print_
 
 
 OutputStatus = Literal["absent", "complete", "unfinished", "foreign"]

@@ -1,6 +1,6 @@
 """Write lazy results out of core, block by block, resumably, safely, with progress.
 
-:func:`write` streams a (dask-backed) DataArray or Dataset to zarr (a local path,
+:func:`write` streams a (dask-backed) DataArray, Dataset or DataTree to zarr (a local path,
 an fsspec URL such as ``s3://bucket/out.zarr``, or a zarr store) or to a tiled
 local GeoTIFF, each block as soon as it is ready, and :func:`compute` computes
 other results with a progress bar that fits the scheduler.
@@ -47,7 +47,7 @@ from xpatch.io.steps import (
 
 
 def write(
-    result: xr.DataArray | xr.Dataset | Mapping[str, xr.DataArray | xr.Dataset],
+    result: xr.DataArray | xr.Dataset | xr.DataTree | Mapping[str, xr.DataArray | xr.Dataset],
     path: Any,
     *,
     format: Format = "auto",
@@ -68,7 +68,10 @@ def write(
         blocks become zarr chunks or GeoTIFF windows. A Dataset (e.g. ``apply``'s
         several outputs) is one zarr store, or one GeoTIFF with a band per
         variable and class (:func:`xpatch.io.geotiff.stack_bands`: one exact dtype,
-        bands described ``"name"`` or ``"name:class=value"``). A mapping scene
+        bands described ``"name"`` or ``"name:class=value"``). A DataTree
+        (``dt.patch(...).apply(...)``) is one zarr store with a group per node, as
+        ``DataTree.to_zarr`` writes it (read it back with ``xr.open_datatree(path,
+        engine="zarr")``); it has no GeoTIFF form, one GeoTIFF holding one grid. A mapping scene
         name -> result (``ScenePatcher.apply(...)``) writes one output per scene
         into the folder ``path``, resumable as a whole
         (:func:`xpatch.io.scenes.write_scenes`).
@@ -139,8 +142,9 @@ def write(
     >>> xpatch.write(da * 2, "memory://demo/twos.zarr", progress=False)
     6
     """
-    with storage_errors_named(path):
-        if isinstance(result, Mapping) and not isinstance(result, xr.Dataset):
+    with storage_errors_named(path, storage_options):
+        # A DataTree is a Mapping too, but one output: a zarr group per node.
+        if isinstance(result, Mapping) and not isinstance(result, xr.Dataset | xr.DataTree):
             # Imported here: xpatch.io.scenes drives the same steps, per scene.
             from xpatch.io.scenes import write_scenes
 
