@@ -1,4 +1,4 @@
-"""Figure: a rollout through fc.apply with a halo: exact but for the longitudes by the seam."""
+"""Figure: a rollout through fc.apply with a halo and a periodic longitude: exact everywhere."""
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -23,7 +23,7 @@ fc = field.patch(
     lon=32,
     stride=16,
     halo=8,
-    boundary="pad",
+    boundary={"lon": "periodic", "lat": "pad"},
     pad_mode="edge",
 )
 
@@ -35,7 +35,7 @@ def advect(inputs):
 
 out = fc.apply(advect)
 origin = pd.Timestamp(out.time.values[0])
-away = 0.0
+worst = 0.0
 fig, axes = plt.subplots(2, 4, figsize=(11, 4.2), layout="constrained", sharex=True, sharey=True)
 for j, lead in enumerate(leads):
     forecast = out.sel(time=origin).isel(lead=j)
@@ -45,9 +45,9 @@ for j, lead in enumerate(leads):
     error = np.abs(forecast.values - truth.values)
     wrong = axes[1, j].pcolormesh(lon, lat, error, cmap="magma", vmin=0, vmax=1)
     axes[1, j].set_title(f"|error| +{int(lead / pd.Timedelta('1h'))} h")
-    away = max(away, float(error[:, 8:].max()))
+    worst = max(worst, float(error.max()))
 fig.colorbar(shown, ax=axes[0], shrink=0.8)
 fig.colorbar(wrong, ax=axes[1], shrink=0.8)
 for ax in axes[1]:
     ax.set_xlabel("lon")
-fig.suptitle(f"largest error east of the first 8 columns: {away:.1g} (by 0°E the halo is padded)")
+fig.suptitle(f"largest error anywhere, the seam at 0°E included: {worst:.1g}")
