@@ -472,3 +472,29 @@ def test_nodes_in_different_crss_are_not_one_footprint():
     )
     with pytest.raises(xpatch.GeometryError, match=r"'/a' and '/b' are in different CRSs"):
         mixed.patch(y=6, x=6)
+
+
+@pytest.mark.parametrize(
+    "sampler",
+    [
+        xpatch.JitteredGrid(jitter=5, seed=0),
+        xpatch.RandomAnchors(9, seed=1),
+        "weighted",
+    ],
+    ids=["jittered", "random", "weighted"],
+)
+def test_drawn_anchors_snap_to_the_coarsest_nodes_grid(tree, sampler):
+    # 10 m, 20 m and 60 m nodes: an anchor must be a multiple of 6 reference cells.
+    if sampler == "weighted":
+        weights = xr.DataArray(np.random.default_rng(2).random((240, 240)), dims=("y", "x"))
+        sampler = xpatch.WeightedAnchors(weights, count=9, seed=3)
+    tp = tree.patch(y=60, x=60, stride=30, sampler=sampler)
+    anchors = tp.anchors().values
+    assert len(anchors) and (anchors % 6 == 0).all()
+    for i in range(len(tp)):
+        patch = tp[i]
+        for path, p in tp.patchers.items():
+            f = tp.factors[path]["y"]
+            expected = direct(node(tree, path), anchors[i] * f.numerator // f.denominator, p.size)
+            got = patch[path].to_dataset()
+            xr.testing.assert_equal(got[list(expected.data_vars)], expected)

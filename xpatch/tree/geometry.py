@@ -324,6 +324,28 @@ def scale_layout(
     return out
 
 
+def snapped_anchors(
+    anchors: np.ndarray,
+    dims: tuple[Hashable, ...],
+    factors: Mapping[str, Mapping[Hashable, Fraction]],
+) -> np.ndarray:
+    """Return ``anchors`` moved down to the coarsest node's grid: whole cells at every node.
+
+    For samplers that draw their anchors (jittered, random, weighted): an odd anchor
+    would be half a cell at a node of half the resolution. Each anchor moves to the
+    multiple of the denominators' least common multiple at or below it, so the patch
+    stays inside the array and moves by less than one coarse cell.
+
+    Examples
+    --------
+    >>> f = {"/10m": {"x": Fraction(1)}, "/20m": {"x": Fraction(1, 2)}}
+    >>> snapped_anchors(np.array([[0], [5]]), ("x",), f).ravel().tolist()
+    [0, 4]
+    """
+    multiples = np.array([_lcm_denominator(factors, d) for d in dims], dtype=np.int64)
+    return np.asarray(anchors, dtype=np.int64) // multiples * multiples
+
+
 def scale_anchors(
     anchors: np.ndarray,
     dims: tuple[Hashable, ...],

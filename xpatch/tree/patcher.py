@@ -28,6 +28,7 @@ from xpatch.core.apply import BatchFunction
 from xpatch.core.chunk_cache import DEFAULT_CACHE_BYTES
 from xpatch.core.errors import DimensionError, OptionError
 from xpatch.core.geometry import Geometry
+from xpatch.core.samplers import Anchors, JitteredGrid, RandomAnchors
 from xpatch.core.scale import ScaleSpec
 from xpatch.patcher import APPLY, Patcher
 from xpatch.tree.geometry import (
@@ -39,6 +40,7 @@ from xpatch.tree.geometry import (
     patched_nodes,
     scale_anchors,
     scale_layout,
+    snapped_anchors,
 )
 from xpatch.tree.nodes import (
     following,
@@ -51,6 +53,10 @@ from xpatch.tree.source import TreeSource
 from xpatch.xarray.apply import ApplyOptions, ApplyReduction, OutputDims, OutputDTypes
 from xpatch.xarray.encoding import NodataOption
 from xpatch.xarray.layout import LayoutOptions, patched_dims, size_mapping
+from xpatch.xarray.samplers import DrawnAnchors
+
+#: Samplers whose anchors are drawn, not given: snapped to the coarsest node's grid.
+DRAWN = (JitteredGrid, RandomAnchors, DrawnAnchors)
 
 #: What sizes and strides count: the reference node's cells, or map (CRS) units.
 Units = Literal["cells", "crs"]
@@ -198,6 +204,13 @@ class TreePatcher:
         sizes = scale_layout(dict(zip(dims, geometry.size)), factors, reference, "size", unit)
         strides = scale_layout(dict(zip(dims, geometry.stride)), factors, reference, "stride", unit)
         ref = Patcher(ref_obj, size, stride, **layout_options.as_keywords())
+        if isinstance(ref.sampler, DRAWN):
+            # Drawn anchors land anywhere: on the coarsest node's grid they are whole
+            # cells at every node (a grid's or the caller's anchors are left as given).
+            snapped = snapped_anchors(ref.plan.anchors, ref.dims, factors)
+            ref = Patcher(
+                ref_obj, size, stride, **ref.layout.options(sampler=Anchors(snapped)).as_keywords()
+            )
         anchors = scale_anchors(ref.plan.anchors, ref.dims, factors, reference, ref.sampler)
         self._patchers = {
             path: ref
