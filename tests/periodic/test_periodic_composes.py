@@ -220,5 +220,5 @@ def test_the_weights_of_a_periodic_layout_are_its_window():
 
 
 def test_a_halo_longer_than_a_turn_is_refused():
-    with pytest.raises(xpatch.GeometryError, match="whole turn"):
+    with pytest.raises(xpatch.GeometryError, match="past a whole turn"):
         image(False).patch(SIZE, STRIDE, boundary={"x": "periodic"}, halo={"x": NX + 1})

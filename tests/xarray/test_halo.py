@@ -268,3 +268,11 @@ def test_a_raster_with_irregular_labels_takes_a_halo_without_a_transform():
     da.attrs["grid_mapping"] = "spatial_ref"
     first = da.patch(y=8, x=8, halo=1, pad_mode="edge")[0]
     assert first.shape == (10, 10) and first.y.values[:2].tolist() == [-1.0, 0.0]
+
+
+def test_a_halo_longer_than_its_dim_is_refused_before_any_work():
+    # Unguarded, a halo of 10**6 on 100 cells asked numpy for 43.7 TiB.
+    da = xr.DataArray(np.zeros((3, 100, 100), dtype="float32"), dims=("b", "y", "x"))
+    with pytest.raises(xpatch.GeometryError, match=r"halo\['y'\]=1000000 reaches past"):
+        da.patch(y=10, x=10, halo=10**6)
+    assert len(da.patch(y=10, x=10, halo=100)) == 100  # a halo of the whole dim is taken

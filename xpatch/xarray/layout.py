@@ -196,7 +196,7 @@ class Layout(Generic[T]):
             )
         options.check_min_valid()
         halo = check_halo(options.halo, geometry.dims)
-        check_halo_turn(geometry, halo)
+        check_halo_reach(geometry, halo)
         # A halo reaches past the array's edges whatever the boundary: pad_mode fills it.
         padded = any(halo) or any(geometry.pads(j) for j in range(geometry.ndim))
         filled = "pad" if padded else "shift"
@@ -397,14 +397,20 @@ def check_one_turn(obj: xr.DataArray | xr.Dataset, periodic: list) -> None:
             )
 
 
-def check_halo_turn(geometry: Geometry, halo: tuple[int, ...]) -> None:
-    """Refuse a halo longer than a periodic dim's whole turn."""
-    for j in geometry.periodic_axes:
-        if halo[j] > geometry.shape[j]:
+def check_halo_reach(geometry: Geometry, halo: tuple[int, ...]) -> None:
+    """Refuse a halo longer than its dim: past that it reads padding (or repeats) only.
+
+    The size check of the grown patch (:meth:`~xpatch.core.geometry.Geometry.build`
+    refuses a patch larger than its dim): a halo of 10**6 cells on a 100-cell dim
+    would otherwise cut patches of two million cells per side.
+    """
+    for j, (d, h, n) in enumerate(zip(geometry.dims, halo, geometry.shape)):
+        if h > n:
+            what = "a whole turn of the periodic dim" if geometry.wraps(j) else "the array along"
             raise GeometryError(
-                f"halo[{geometry.dims[j]!r}]={halo[j]} reaches past a whole turn of the "
-                f"periodic dim {geometry.dims[j]!r} ({geometry.shape[j]} cells); use a halo of "
-                f"at most {geometry.shape[j]}."
+                f"halo[{d!r}]={h} reaches past {what} {d!r} ({n} cells): each patch would "
+                f"read {h} cells on each side of its {geometry.size[j]}. Use a halo of at "
+                f"most {n} along {d!r} (a model's receptive field, e.g. halo={{{d!r}: 8}})."
             )
 
 
