@@ -201,6 +201,28 @@ def test_apply_and_reconstruct_give_one_result_per_scene():
         sp.reconstruct(predictions.isel(patch=slice(1, None)))
 
 
+def test_weights_in_global_order_are_cut_with_the_predictions():
+    rng = np.random.default_rng(4)
+    scenes = [xr.DataArray(rng.random(shape), dims=("y", "x")) for shape in ((28, 40), (28, 28))]
+    sp = xpatch.patch_scenes(scenes, y=16, x=16, stride=12)
+    patchers = list(sp.patchers.values())
+    predictions = xr.concat([p.patches() for p in patchers], dim="patch")
+    # Each patch predicts its own number: the weights decide every overlapped cell.
+    predictions = predictions * 0 + xr.DataArray(np.arange(len(sp), dtype=float), dims="patch")
+    weights = rng.random(len(sp)) + 0.1
+    results = list(sp.reconstruct(predictions, weights=weights).values())
+    for k, (p, result) in enumerate(zip(patchers, results)):
+        first, last = sp.offsets[k], sp.offsets[k + 1]
+        total, weight = np.zeros(p.obj.shape), np.zeros(p.obj.shape)
+        for (ay, ax), value, w in zip(p.anchors().values, range(first, last), weights[first:last]):
+            total[ay : ay + 16, ax : ax + 16] += w * value
+            weight[ay : ay + 16, ax : ax + 16] += w
+        np.testing.assert_allclose(result.values, total / weight, rtol=1e-12)
+    as_array = xr.DataArray(weights, dims="patch")
+    for a, b in zip(results, sp.reconstruct(predictions, weights=as_array).values()):
+        np.testing.assert_allclose(a.values, b.values)
+
+
 def test_the_source_pickles_and_its_fingerprint_names_every_scene():
     import pickle
 

@@ -12,6 +12,7 @@ chunk cache (:meth:`ScenePatcher.to_grain`), and runs a model over every scene
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
@@ -198,8 +199,13 @@ class ScenePatcher:
             One DataArray/Dataset with a ``patch`` dim of ``len(sp)`` predictions
             in global order (split at :attr:`offsets`), or a mapping scene name ->
             that scene's predictions.
-        reduce, weights, scale
+        reduce, scale
             As for :meth:`xpatch.Patcher.reconstruct`, the same for every scene.
+        weights
+            As for :meth:`xpatch.Patcher.reconstruct`: in global order like the
+            predictions (one per patch, or with a ``patch`` dim of ``len(sp)``: split
+            at :attr:`offsets`), a mapping scene name -> that scene's weights, or
+            weights without a ``patch`` dim, the same for every scene.
         """
         if isinstance(predictions, Mapping):
             missing = [n for n in self.names if n not in predictions]
@@ -222,10 +228,38 @@ class ScenePatcher:
                 n: predictions.isel(patch=slice(int(a), int(b)))
                 for n, a, b in zip(self.names, self._index.offsets[:-1], self._index.offsets[1:])
             }
+        spans = dict(zip(self.names, itertools.pairwise(self._index.offsets.tolist())))
         return {
-            n: self._patchers[n].reconstruct(per_scene[n], reduce, weights=weights, scale=scale)
+            n: self._patchers[n].reconstruct(
+                per_scene[n], reduce, weights=self._scene_weights(weights, n, spans[n]), scale=scale
+            )
             for n in self.names
         }
+
+    def _scene_weights(self, weights: Any, name: str, span: tuple[int, int]) -> Any:
+        # Weights in global order are cut where the predictions are; others pass as given.
+        if weights is None:
+            return None
+        if isinstance(weights, Mapping):
+            if name not in weights:
+                raise PredictionError(
+                    f"weights is a mapping without scene {name!r}; give one entry per scene "
+                    f"of {list(self.names)}, or weights in global order."
+                )
+            return weights[name]
+        start, stop = span
+        if isinstance(weights, xr.DataArray):
+            if weights.sizes.get("patch") == len(self):
+                return weights.isel(patch=slice(start, stop))
+            return weights
+        shape = getattr(weights, "shape", None) or np.shape(weights)
+        if len(shape) and shape[0] == len(self):
+            return (
+                weights[start:stop]
+                if hasattr(weights, "shape")
+                else np.asarray(weights)[start:stop]
+            )
+        return weights
 
     # -- training ---------------------------------------------------------------------
 
