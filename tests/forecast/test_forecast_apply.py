@@ -259,3 +259,16 @@ def test_each_variable_keeps_its_own_dim_order_and_the_dims_it_has_as_in_trainin
     assert out["a"].dims == ("time", "x", "y")
     expected = a[:3] + mask.reshape(6, 5) + co2[:3, None, None]
     np.testing.assert_array_equal(out["a"].values, expected)
+
+
+@pytest.mark.parametrize("chunks", [(10, 7, 20), 8])
+def test_a_forecast_result_keeps_the_inputs_name_whatever_its_chunks(chunks):
+    times = pd.date_range("2021-01-01", periods=37, freq="6h")
+    values = np.random.default_rng(0).random((37, 8, 8))
+    da = xr.DataArray(values, dims=("time", "y", "x"), coords={"time": times}, name="t2m")
+    fc = da.chunk({"time": chunks}).patch(
+        time=xpatch.Forecast(inputs=["-6h", "0h"], targets=["6h"]), y=4, x=4
+    )
+    out = fc.apply(lambda b: b[:, -1:])
+    assert out.name == "t2m"
+    np.testing.assert_allclose(out.values, values[1:-1])

@@ -381,10 +381,12 @@ class ForecastPatcher:
             if isinstance(options.get(option), Mapping):
                 options[option] = {internal[k]: v for k, v in options[option].items()}
         out = grid.apply(per_origin, batch_size, output_dims=declared, **options)
-        results = {
-            name: self._dress(out[internal[name]].rename({origin: self.dim}), name, dims, order)
-            for name, dims in outputs.items()
-        }
+        results = {}
+        for name, dims in outputs.items():
+            dressed = self._dress(out[internal[name]].rename({origin: self.dim}), name, dims, order)
+            # Named as the input (a DataArray) or as the output, never by our inner key.
+            dressed.name = self.patcher.obj.name if name is None else name
+            results[name] = dressed
         return results[None] if None in results else xr.Dataset(results)
 
     def _outputs(
