@@ -341,8 +341,10 @@ class ChunkShuffleMapDataset(grain.MapDataset):
         if self._sweep is None or self._source is None:
             return self._parent[self._shuffled_index(index)]
         reads = self._reading()
-        reads.reached(index)
         try:
+            # Inside: a position marked in flight and never marked read would hold
+            # every later read at the spread's bound.
+            reads.reached(index)
             return self._parent[self._shuffled_index(index)]
         finally:
             reads.finished(index)

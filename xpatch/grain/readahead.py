@@ -25,13 +25,13 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
 import numpy as np
 
 from xpatch.core.sweep import chunk_uses, key_chunks, spread_positions
 from xpatch.grain.store_wait import store_wait
+from xpatch.grain.threads import IdlePool, closing
 
 #: Positions behind a read, none of them in flight for this long, are read by nobody:
 #: a thread takes microseconds between two reads of a batch.
@@ -157,7 +157,7 @@ class SweepReads:
         # threads took 2.3 s over an epoch of patches in memory, 1.9 s so (2 threads: 1.3 s).
         self._held: dict[tuple[int, int], threading.Condition] = {}
         self._in_flight: set[int] = set()
-        self._pool: ThreadPoolExecutor | None = None
+        self._pool: IdlePool | None = None
         self._read_seconds: deque[float] = deque(maxlen=PACE_SAMPLES)
         self._reached: deque[tuple[float, int]] = deque(maxlen=PACE_SAMPLES)
         self._late = 0
@@ -175,7 +175,13 @@ class SweepReads:
         self._stalled_since: float | None = None
 
     def reached(self, index: int) -> None:
-        """Element ``index`` (epoch after epoch) is about to be read: read the next chunks."""
+        """Element ``index`` (epoch after epoch) is about to be read: read the next chunks.
+
+        Once the interpreter exits (:func:`~xpatch.grain.threads.closing`), the reads
+        left are those a dropped pipeline queued: nothing is planned or waited for.
+        """
+        if closing():
+            return
         epoch, position, worker = self._locate(index)
         with self._lock:
             if epoch < self._epoch:  # a late read of the epoch before: nothing to plan
@@ -194,6 +200,7 @@ class SweepReads:
         if len(load):
             pool = self._thread_pool()
             for chunk in load:
+                # Never raises: a read ahead that cannot start is read by its patch.
                 pool.submit(self._read, int(chunk))
 
     def finished(self, index: int) -> None:
@@ -254,6 +261,8 @@ class SweepReads:
         while self._low < position - self._spread:
             if self._epoch != epoch:
                 return False
+            if closing():  # the positions behind may never be read
+                return True
             now = time.monotonic()
             if now - started >= MAX_WAIT_SECONDS:
                 return True
@@ -320,18 +329,19 @@ class SweepReads:
         self._next_ahead = max(self._next_ahead, stop)
         return due
 
-    def _thread_pool(self) -> ThreadPoolExecutor:
+    def _thread_pool(self) -> IdlePool:
+        # Daemons that end when idle: a pipeline stopped early takes them with it.
         with self._lock:
             if self._pool is None:
-                self._pool = ThreadPoolExecutor(
-                    (1 + MAX_LATE_PER_AHEAD) * self._ahead, thread_name_prefix="xpatch-ahead"
-                )
+                self._pool = IdlePool((1 + MAX_LATE_PER_AHEAD) * self._ahead, "xpatch-ahead")
             return self._pool
 
     def _read(self, chunk: int) -> None:
         # Queued behind the patches that needed it sooner, it may have been read and
         # dropped by them meanwhile: asked again as the load would start, under the
         # cache's lock (a check here alone left a window for a second load).
+        if closing():  # a pipeline dropped at the interpreter's end: nobody will use it
+            return
         try:
             with store_wait() as waited:
                 self._source.read_ahead(chunk, lambda: not self._retired[chunk])
