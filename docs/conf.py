@@ -38,7 +38,7 @@ extensions = [
 
 source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
 root_doc = "index"
-exclude_patterns = ["_build", "figures", "Thumbs.db", ".DS_Store"]
+exclude_patterns = ["_build", "_generated", "figures", "Thumbs.db", ".DS_Store"]
 templates_path = ["_templates", sphinx_autosummary_accessors.templates_path]
 
 # -- MyST ----------------------------------------------------------------------------------
@@ -95,6 +95,28 @@ def _check_api_page(app, config) -> None:
         )
 
 
+def _combinations_table(app) -> None:
+    """Run the sampled composition matrix and write the table combinations.md includes.
+
+    The sample (each use on eight layouts that take every value of every layout
+    dimension) takes about a minute; ``XPATCH_DOCS_COMPOSITION=full`` runs every
+    cell instead (about a quarter of an hour).
+    """
+    import os
+    import sys
+
+    sys.path.insert(0, str(DOCS.parent))  # the tests package of the checkout
+    from tests.composition.matrix import all_cells, markdown, run, sampled_cells
+
+    full = os.environ.get("XPATCH_DOCS_COMPOSITION") == "full"
+    table = markdown(run(all_cells() if full else sampled_cells()))
+    folder = DOCS / "_generated"
+    folder.mkdir(exist_ok=True)
+    (folder / ".gitignore").write_text("*\n")
+    (folder / "combinations_table.md").write_text(table)
+
+
 def setup(app) -> None:
-    """Register the API page check."""
+    """Register the API page check and the table of what combines with what."""
     app.connect("config-inited", _check_api_page)
+    app.connect("builder-inited", _combinations_table)
