@@ -30,7 +30,14 @@ from xpatch.core.extract import check_pad_value
 from xpatch.core.padding import fill_padded
 from xpatch.core.plan import ChunkGrid
 from xpatch.core.sweep import chunk_uses
-from xpatch.grain.zarr_chunks import ZarrChunks, side_by_side, zarr_array_under
+from xpatch.grain.zarr_chunks import (
+    ChunkReadError,
+    ZarrChunks,
+    error_text,
+    side_by_side,
+    where_in,
+    zarr_array_under,
+)
 from xpatch.xarray.variables import is_dask_backed
 
 #: Chunks read in one call of the store when patches are read in index order: the chunk
@@ -441,13 +448,19 @@ class PatchReader:
 
     def _read_variable(self, plan: VariablePlan, region: Sequence[slice]) -> np.ndarray:
         slices = [region[j] for j in plan.columns]
-        if plan.stored is not None:
-            index = [slice(None)] * plan.var.ndim
-            for ax, sl in zip(plan.axes, slices):
-                index[ax] = sl
-            value = np.asarray(plan.stored[tuple(index)])
-        else:
-            value = read_region(plan.var.data, plan.axes, slices)
+        try:
+            if plan.stored is not None:
+                index = [slice(None)] * plan.var.ndim
+                for ax, sl in zip(plan.axes, slices):
+                    index[ax] = sl
+                value = np.asarray(plan.stored[tuple(index)])
+            else:
+                value = read_region(plan.var.data, plan.axes, slices)
+        except MemoryError:
+            raise
+        except Exception as error:
+            # The store's and codecs' errors name no variable, chunk or file.
+            raise ChunkReadError(_read_failure(plan, slices, error)) from error
         # A view: the block may be the one the caller's dask graph holds.
         value = value.view()
         value.setflags(write=False)
@@ -515,3 +528,23 @@ class PatchReader:
         return assemble_patch(
             np.empty(shape, plan.dtype), plan.axes, [lo[j] for j in plan.columns], pieces
         )
+
+
+def _read_failure(plan: VariablePlan, slices: Sequence[slice], error: Exception) -> str:
+    """Say which variable, region and store a failed read of ``plan`` was for."""
+    dims = [plan.var.dims[ax] for ax in plan.axes]
+    region = ", ".join(f"{d}={sl.start}:{sl.stop}" for d, sl in zip(dims, slices))
+    if isinstance(error, ChunkReadError):  # it names the chunk and the store
+        return f"could not read variable {plan.name!r} at {region}: {error}"
+    where = ""
+    stored = plan.stored.array if isinstance(plan.stored, ZarrChunks) else None
+    if stored is None and plan.stored is not None:
+        stored = zarr_array_under(plan.stored)
+    if stored is not None:  # zarr read it: which chunks, in which store
+        index = [slice(None)] * plan.var.ndim
+        for ax, sl in zip(plan.axes, slices):
+            index[ax] = sl
+        where = f" ({where_in(stored, index)})"
+    elif plan.var.encoding.get("source"):
+        where = f" (from {plan.var.encoding['source']})"
+    return f"could not read variable {plan.name!r} at {region}{where}: {error_text(error)}"

@@ -24,13 +24,13 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from itertools import product
 from typing import Literal, TypeVar
 
 import numpy as np
 
 from xpatch.grain.store_wait import note_store_wait, store_wait
+from xpatch.grain.threads import IdlePool
 
 #: Wrappers xarray puts around a zarr array it opened with dask chunks and did not
 #: decode (no scale, offset or fill value to mask): reading under them changes nothing.
@@ -40,19 +40,28 @@ _PLAIN_WRAPPERS = ("ImplicitToExplicitIndexingAdapter", "CopyOnWriteArray", "Laz
 #: Threads that wait for an object store's bytes, the variables of a chunk side by side.
 FETCH_THREADS = 16
 
-_pools: dict[str, tuple[int, ThreadPoolExecutor]] = {}
+_pools: dict[str, tuple[int, IdlePool]] = {}
 _pool_lock = threading.Lock()
 T = TypeVar("T")
 
 
-def _process_pool(kind: Literal["decode", "fetch"]) -> ThreadPoolExecutor:
+class ChunkReadError(OSError):
+    """A chunk of stored data could not be read or decoded: the message says which and where.
+
+    Raised from the store's or codec's own error (``__cause__``), which names neither
+    the variable, nor the chunk, nor the store.
+    """
+
+
+def _process_pool(kind: Literal["decode", "fetch"]) -> IdlePool:
     # One per process: a pool inherited through fork has no threads behind it. Decoding
     # is work (as many threads as cores); fetching from an object store is waiting.
+    # Its threads end when idle: none outlives the pipeline that read through it.
     with _pool_lock:
         held = _pools.get(kind)
         if held is None or held[0] != os.getpid():
             size = (os.cpu_count() or 1) if kind == "decode" else FETCH_THREADS
-            held = _pools[kind] = (os.getpid(), ThreadPoolExecutor(size, f"xpatch-{kind}"))
+            held = _pools[kind] = (os.getpid(), IdlePool(size, f"xpatch-{kind}"))
         return held[1]
 
 
@@ -111,6 +120,49 @@ def zarr_array_under(stored: object) -> object | None:
     if getattr(array, "dtype", None) != node.dtype or array.shape != node.shape:
         return None  # xarray casts it (strings, for one)
     return array
+
+
+def chunk_coords(
+    shape: Sequence[int], chunk_shape: Sequence[int], index: Sequence[slice]
+) -> list[tuple[int, ...]]:
+    """Return the coordinates of the chunks that ``index`` (slices of steps of 1) touches.
+
+    Examples
+    --------
+    >>> chunk_coords((6, 5), (4, 4), (slice(2, 6), slice(0, 2)))
+    [(0, 0), (1, 0)]
+    """
+    bounds = [sl.indices(n)[:2] for sl, n in zip(index, shape)]
+    ranges = [
+        range(start // c, -(-stop // c)) if stop > start else range(0)
+        for (start, stop), c in zip(bounds, chunk_shape)
+    ]
+    return list(product(*ranges))
+
+
+def where_in(array: object, index: Sequence[slice]) -> str:
+    """Name the chunks of zarr array ``array`` that ``index`` touches, by key, and the store.
+
+    Examples
+    --------
+    >>> import zarr
+    >>> from zarr.storage import MemoryStore
+    >>> z = zarr.create_array(MemoryStore(), shape=(6, 5), chunks=(4, 4), dtype="int32")
+    >>> where_in(z, (slice(2, 6), slice(0, 2)))  # doctest: +ELLIPSIS
+    "chunks 'c/0/0', 'c/1/0' of the zarr array at memory://..."
+    """
+    try:
+        coords = chunk_coords(array.shape, array.chunks, index)
+        keys = [array.metadata.encode_chunk_key(c) for c in coords]
+    except Exception:  # a zarr without these: the store alone
+        return f"the zarr array at {array.store_path}"
+    named = ", ".join(repr(key) for key in keys)
+    return f"chunk{'s' if len(keys) != 1 else ''} {named} of the zarr array at {array.store_path}"
+
+
+def error_text(error: BaseException) -> str:
+    """``"Type: message"`` of ``error``, for a message that wraps it."""
+    return f"{type(error).__name__}: {error}"
 
 
 class ZarrChunks:
@@ -191,9 +243,12 @@ class ZarrChunks:
 
     def __getitem__(self, index: Sequence[slice]) -> np.ndarray:
         index = tuple(index)
+        failed: ChunkReadError | None = None
         if self._trusted:
             try:
                 values = self._read(index)
+            except ChunkReadError as error:  # zarr's own read below reads it, or fails too
+                values, failed = None, error
             except Exception:  # zarr's own read below says what is wrong, or reads it
                 values = None
             if values is not None and not self._checked:
@@ -203,7 +258,20 @@ class ZarrChunks:
                         self._checked = True
             if values is not None and self._trusted:
                 return values
-        return np.asarray(self.array[index])
+        try:
+            return np.asarray(self.array[index])
+        except Exception as error:
+            if failed is not None:  # it names the chunk; zarr's error is its context
+                raise failed from failed.__cause__
+            raise ChunkReadError(f"{where_in(self.array, index)}: {error_text(error)}") from error
+
+    @property
+    def location(self) -> str:
+        """Where the array is stored: its store and path, as zarr spells them."""
+        return str(self.array.store_path)
+
+    def _chunk_coords(self, index: tuple) -> list[tuple[int, ...]]:
+        return chunk_coords(self.shape, self._chunk_shape, index)
 
     def _check(self, index: tuple, values: np.ndarray) -> None:
         # Values unlike zarr's own: zarr reads everything from now on.
@@ -224,11 +292,7 @@ class ZarrChunks:
 
     def _read(self, index: tuple) -> np.ndarray:
         bounds = [sl.indices(n)[:2] for sl, n in zip(index, self.shape)]
-        ranges = [
-            range(start // c, -(-stop // c)) if stop > start else range(0)
-            for (start, stop), c in zip(bounds, self._chunk_shape)
-        ]
-        coords = list(product(*ranges))
+        coords = self._chunk_coords(index)
         if len(coords) == 1:
             chunk = self._decoded(coords[0])
             cut = tuple(
@@ -274,20 +338,31 @@ class ZarrChunks:
         specs = self._chunk_specs()
         prototype = specs[0].prototype
         metadata = self.array.metadata
-        store_path = self.array.store_path / metadata.encode_chunk_key(chunk_coords)
+        key = metadata.encode_chunk_key(chunk_coords)
+        store_path = self.array.store_path / key
+        where = f"chunk {key!r} (chunk {chunk_coords}) of the zarr array at {self.location}"
         asked = time.monotonic()
-        if isinstance(store_path.store, SupportsGetSync):  # a folder, memory
-            raw = store_path.get_sync(prototype=prototype)
-        else:  # an object store reads only on the event loop: the bytes come from there
-            raw = sync(store_path.get(prototype=prototype))
+        try:
+            if isinstance(store_path.store, SupportsGetSync):  # a folder, memory
+                raw = store_path.get_sync(prototype=prototype)
+            else:  # an object store reads only on the event loop: the bytes come from there
+                raw = sync(store_path.get(prototype=prototype))
+        except Exception as error:
+            raise ChunkReadError(f"could not fetch {where}: {error_text(error)}") from error
         note_store_wait(time.monotonic() - asked)
         if raw is None:  # never written: zarr's fill value
             values = np.full(self._chunk_shape, metadata.fill_value, self.dtype)
         else:
             data = raw
-            for codec, spec in zip(reversed(self._codecs), reversed(specs)):
-                data = codec._decode_sync(data, spec)
-            values = data.as_numpy_array().view()
+            try:
+                for codec, spec in zip(reversed(self._codecs), reversed(specs)):
+                    data = codec._decode_sync(data, spec)
+                values = data.as_numpy_array().view()
+            except Exception as error:  # a damaged or truncated chunk, most likely
+                raise ChunkReadError(
+                    f"could not decode {where} ({len(raw)} bytes stored; damaged or "
+                    f"truncated?): {error_text(error)}"
+                ) from error
         if values.dtype != self.dtype or values.shape != self._chunk_shape:
             raise ValueError(  # zarr reads it instead
                 f"decoded a {values.shape} {values.dtype} chunk of a zarr array of "
