@@ -320,13 +320,13 @@ def _repeat2(a, ydim: int, xdim: int):
     return np.repeat(np.repeat(a, 2, axis=ydim), 2, axis=xdim)
 
 
-def use_rec_mean_x2(layout: Layout) -> None:
+def use_rec_mean_x2(layout: Layout, scale: int | None = 2) -> None:
     _img, p, ref, anchors = _rec(layout)
     pt = p.patches()
     data = _repeat2(pt.data, pt.dims.index("y"), pt.dims.index("x"))
     keep = {k: c for k, c in pt.coords.items() if c.dims == ("patch",)}
     pred = xr.DataArray(data, dims=pt.dims, coords=keep) * 2 + _by_patch(len(anchors), 0.5)
-    out = p.reconstruct(pred, scale=2)
+    out = p.reconstruct(pred, scale=scale)
     expected = np.stack(
         [
             ref.blend(
@@ -336,6 +336,11 @@ def use_rec_mean_x2(layout: Layout) -> None:
         ]
     )
     check("reconstruct of 2x predictions", values(out), expected)
+
+
+def use_rec_mean_x2_inferred(layout: Layout) -> None:
+    """The same 2x predictions without ``scale=``: reconstruct reads the factor off them."""
+    use_rec_mean_x2(layout, scale=None)
 
 
 def use_apply_weights(layout: Layout) -> None:
@@ -774,6 +779,7 @@ USES = {
     "vote": use_rec_vote,
     "argmax": use_rec_argmax,
     "mean 2x": use_rec_mean_x2,
+    "mean 2x inferred": use_rec_mean_x2_inferred,
     "apply weights": use_apply_weights,
     "apply uint8": use_apply_uint8,
     "apply 2x": use_apply_x2,
