@@ -31,29 +31,7 @@ from .matrix import (
 )
 
 #: Cells that give wrong values or crash today: cell id -> the observed failure.
-_TREE_HALO = (
-    # A DataTree's halo counts the reference node's cells, as its sizes and strides do,
-    # but every node is grown by that many of its own cells: the /coarse patch (4 x 4 at
-    # half resolution) comes with 2 coarse cells of halo (8 x 8) where the same ground is
-    # 1 coarse cell (6 x 6). Observed at 3383a8c..8e38d9a.
-    "wrong: tp[0]['/coarse']: shape (8, 8), expected (6, 6)"
-)
-_SCALE_OF_GROWN = (
-    # With a halo, 2x predictions of the grown patches (2 x 12 = 24 cells) are read as 3x
-    # the inner window (3 x 8 = 24) when scale= is left out: a result of 3x the shape,
-    # silently. Observed at 8e38d9a.
-    "wrong: reconstruct of 2x predictions: shape (2, 66, 78), expected (2, 44, 52)"
-)
-KNOWN_FAILING: dict[str, str] = {
-    "pad-grid-h2-hann-numpy::DataTree": _TREE_HALO,
-    "periodic-jittered-h2-hann-dask::DataTree": _TREE_HALO,
-    "periodic-weighted-h2-boxcar-numpy::DataTree": _TREE_HALO,
-    "shift-jittered-h2-boxcar-dask::DataTree": _TREE_HALO,
-    "pad-grid-h2-hann-numpy::mean_2x_inferred": _SCALE_OF_GROWN,
-    "periodic-jittered-h2-hann-dask::mean_2x_inferred": _SCALE_OF_GROWN,
-    "periodic-labels-h2-hann-numpy::mean_2x_inferred": _SCALE_OF_GROWN,
-    "shift-labels-h2-boxcar-dask::mean_2x_inferred": _SCALE_OF_GROWN,
-}
+KNOWN_FAILING: dict[str, str] = {}
 
 CELLS = all_cells() if os.environ.get("XPATCH_COMPOSITION") == "full" else sampled_cells()
 

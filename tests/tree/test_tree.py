@@ -498,3 +498,14 @@ def test_drawn_anchors_snap_to_the_coarsest_nodes_grid(tree, sampler):
             expected = direct(node(tree, path), anchors[i] * f.numerator // f.denominator, p.size)
             got = patch[path].to_dataset()
             xr.testing.assert_equal(got[list(expected.data_vars)], expected)
+
+
+def test_a_halo_is_ground_scaled_to_every_node_like_a_size(tree):
+    # 6 reference cells of halo are 6, 3 and 1 cells at 10, 20 and 60 m: the same 60 m.
+    tp = tree.patch(y=60, x=60, stride=30, halo=6)
+    for path, p in tp.patchers.items():
+        f = tp.factors[path]["y"]
+        assert p.layout.halo == (6 * f, 6 * f)
+        assert tp[0][path].to_dataset().sizes["y"] == (60 + 12) * f
+    with pytest.raises(xpatch.GeometryError, match=r"halo 4 along 'y'.*not a\s+whole number"):
+        tree.patch(y=60, x=60, halo=4)

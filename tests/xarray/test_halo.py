@@ -276,3 +276,40 @@ def test_a_halo_longer_than_its_dim_is_refused_before_any_work():
     with pytest.raises(xpatch.GeometryError, match=r"halo\['y'\]=1000000 reaches past"):
         da.patch(y=10, x=10, halo=10**6)
     assert len(da.patch(y=10, x=10, halo=100)) == 100  # a halo of the whole dim is taken
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+def test_grown_predictions_at_twice_the_resolution_are_read_as_such(lazy):
+    # 2 x a grown patch of 12 is 24 cells, which is also 3 x the window of 8: a 2x model
+    # of the grown patch came back at 3x, silently (shape (66, 78) for a 22 x 26 image).
+    da = xr.DataArray(np.random.default_rng(3).random((22, 26)), dims=("y", "x"))
+    da = da.chunk({"y": 7, "x": 9}) if lazy else da
+    p = da.patch(y=8, x=8, stride=6, halo={"y": 2, "x": 2}, window="hann")
+    up = p.patches().values.repeat(2, axis=1).repeat(2, axis=2)  # (n, 24, 24)
+    out = p.reconstruct(xr.DataArray(up, dims=("patch", "y", "x")))
+    assert out.shape == (44, 52)
+    np.testing.assert_allclose(out.values, da.values.repeat(2, 0).repeat(2, 1), rtol=1e-12)
+
+
+def test_a_shape_read_at_two_scales_is_the_grown_patchs_unless_scale_says_otherwise():
+    # 24 cells: 3 x a grown 8 (halo 1 around 6) or 4 x the window of 6.
+    da = xr.DataArray(np.arange(24.0)[:, None].repeat(6, 1), dims=("y", "x"))
+    p = da.patch(y=6, x=6, halo={"y": 1})
+    grown = p.patches().values.repeat(3, axis=1)  # a 3x model of the grown patch
+    out = p.reconstruct(xr.DataArray(grown, dims=("patch", "y", "x")), scale={"y": 3, "x": 1})
+    inferred = p.reconstruct(xr.DataArray(grown, dims=("patch", "y", "x")))
+    np.testing.assert_array_equal(inferred.values, out.values)
+    assert out.shape == (72, 6)
+    cropped = grown[:, 3:-3]  # a 4x model of the window (18 cells): scale= says so
+    window = np.concatenate([cropped, cropped[:, :6]], axis=1)  # 24 cells
+    at_four = p.reconstruct(xr.DataArray(window, dims=("patch", "y", "x")), scale={"y": 4, "x": 1})
+    assert at_four.shape == (96, 6)
+
+
+def test_per_cell_weights_of_the_grown_patch_lose_the_halo_with_the_predictions():
+    da = xr.DataArray(np.random.default_rng(4).random((22, 26)), dims=("y", "x"))
+    p = da.patch(y=8, x=8, stride=6, halo=2)
+    patches = p.patches()  # grown: (n, 12, 12)
+    weights = xr.ones_like(patches)  # per cell, of the grown shape
+    out = p.reconstruct(patches, weights=weights)
+    np.testing.assert_allclose(out.values, da.values, rtol=1e-12)

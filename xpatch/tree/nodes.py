@@ -36,16 +36,18 @@ def following(
     anchors: np.ndarray,
     size: Mapping[Hashable, int] | None = None,
     stride: Mapping[Hashable, int] | None = None,
+    halo: Mapping[Hashable, int] | None = None,
 ) -> Patcher:
     """Return a Patcher over ``obj`` with ``p``'s options at explicit ``anchors``.
 
     ``anchors`` are ``(n, k)`` in the order of ``p.dims``; given per dim, so that
     ``obj``'s own dim order does not matter. Explicit anchors keep their order,
-    so patch ``i`` is the same ground in every node. ``size`` and ``stride``
-    default to ``p``'s (a node at another resolution gives its own).
+    so patch ``i`` is the same ground in every node. ``size``, ``stride`` and
+    ``halo`` default to ``p``'s (a node at another resolution gives its own).
     """
     columns = {d: anchors[:, j] for j, d in enumerate(p.dims)}
-    options = p.layout.options(sampler=Anchors(columns), min_valid=None)
+    changes = {} if halo is None or not any(halo.values()) else {"halo": dict(halo)}
+    options = p.layout.options(sampler=Anchors(columns), min_valid=None, **changes)
     size = p.size if size is None else dict(size)
     stride = p.stride if stride is None else dict(stride)
     return Patcher(obj, size, stride, **options.as_keywords())

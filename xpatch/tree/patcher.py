@@ -212,10 +212,13 @@ class TreePatcher:
                 ref_obj, size, stride, **ref.layout.options(sampler=Anchors(snapped)).as_keywords()
             )
         anchors = scale_anchors(ref.plan.anchors, ref.dims, factors, reference, ref.sampler)
+        # A halo is ground, as a size is: scaled to each node's cells (whole, or refused).
+        halo = dict(zip(ref.dims, ref.layout.halo))
+        halos = scale_layout(halo, factors, reference, "halo", dict.fromkeys(dims, 1.0))
         self._patchers = {
             path: ref
             if path == reference
-            else following(ref, ds, anchors[path], sizes[path], strides[path])
+            else following(ref, ds, anchors[path], sizes[path], strides[path], halos[path])
             for path, ds in nodes.items()
         }
         self._factors = factors

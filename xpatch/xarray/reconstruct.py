@@ -463,9 +463,13 @@ def reconstruct(
     if weights is not None:
         reduction.check_weights_allowed()
     obj = layout.obj
+    if scale is None and isinstance(pred, xr.DataArray | xr.Dataset):
+        # Read off the shape before the halo goes: a grown patch at 2x is not 3x a window.
+        scale = inferred_scale(layout, pred.sizes)
     pred = without_halo(layout, pred, scale)
+    weights = without_halo(layout, weights, scale)  # per-cell weights of the grown patch too
     if isinstance(pred, xr.DataArray):
-        grid = output_grid(layout, inferred_scale(layout, pred.sizes) if scale is None else scale)
+        grid = output_grid(layout, scale)
         template = _template(layout, pred.name)
         where = check_prediction(layout, pred, "pred", _required(layout, template), grid)
         w = None if weights is None else prediction_weights(pred, weights, "pred")
@@ -501,7 +505,7 @@ def reconstruct(
                 f"{list(pred.data_vars)!r}."
             )
         # One output grid for every variable: a Dataset has one size per dim.
-        grid = output_grid(layout, inferred_scale(layout, pred.sizes) if scale is None else scale)
+        grid = output_grid(layout, scale)
         variables = {}
         for name, var in pred.data_vars.items():
             if name not in patched:

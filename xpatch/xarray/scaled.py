@@ -17,7 +17,7 @@ from fractions import Fraction
 import numpy as np
 import xarray as xr
 
-from xpatch.core.errors import GeometryError, OptionError
+from xpatch.core.errors import GeometryError, OptionError, PredictionError
 from xpatch.core.plan import Plan
 from xpatch.core.scale import ScaleSpec, check_scale, scale_plan
 from xpatch.core.windows import BlendWindow, make_window
@@ -134,7 +134,11 @@ def inferred_scale(
     Only whole factors and their inverses (2, 3, 4, 1/2, 1/4, ...) are read off
     a patch shape: predictions of 8 cells from patches of 10 are far more likely
     cropped (a model without padding) than at 4/5 of the resolution, and are
-    left to :func:`~xpatch.xarray.reconstruct.check_prediction` to refuse.
+    left to :func:`~xpatch.xarray.reconstruct.check_prediction` to refuse. With a
+    halo, predictions may be of the grown patch (what :meth:`~xpatch.Patcher.patches`
+    gives a model) or of the window (a model that crops): a shape read both ways
+    (24 cells: 2 x a grown 12, or 3 x a window of 8) is read as the grown patch's;
+    ``scale=`` says otherwise.
 
     Examples
     --------
@@ -144,10 +148,25 @@ def inferred_scale(
     {'y': Fraction(2, 1), 'x': Fraction(2, 1)}
     >>> inferred_scale(p.layout, {"y": 3, "x": 3}) is None
     True
+    >>> q = xr.DataArray(np.zeros((16, 16)), dims=("y", "x")).patch(y=4, x=4, halo=1)
+    >>> inferred_scale(q.layout, {"y": 12, "x": 12})  # 2 x the grown 6, not 3 x 4
+    {'y': Fraction(2, 1), 'x': Fraction(2, 1)}
     """
-    factors = {d: Fraction(int(sizes[d]), layout.size[d]) for d in layout.dims if d in sizes}
-    if any(f == 0 or (f.numerator > 1 and f.denominator > 1) for f in factors.values()):
-        return None
+    halo = dict(zip(layout.dims, layout.halo)) if any(layout.halo) else {}
+    factors = {}
+    for d in layout.dims:
+        if d not in sizes:
+            continue
+        n, size, h = int(sizes[d]), layout.size[d], halo.get(d, 0)
+        if h and n == size + 2 * h:
+            factors[d] = Fraction(1)  # the grown patch itself: cropped as it is
+            continue
+        readings = [Fraction(n, size + 2 * h)] if h else []
+        readings.append(Fraction(n, size))
+        whole = [f for f in readings if f != 0 and (f.numerator == 1 or f.denominator == 1)]
+        if not whole:
+            return None
+        factors[d] = whole[0]
     return factors if any(f != 1 for f in factors.values()) else None
 
 
