@@ -17,7 +17,7 @@ from fractions import Fraction
 import numpy as np
 import xarray as xr
 
-from xpatch.core.errors import GeometryError, OptionError, PredictionError
+from xpatch.core.errors import GeometryError, OptionError
 from xpatch.core.plan import Plan
 from xpatch.core.scale import ScaleSpec, check_scale, scale_plan
 from xpatch.core.windows import BlendWindow, make_window
