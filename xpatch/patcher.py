@@ -205,6 +205,17 @@ class Patcher(Generic[T]):
     def __repr__(self) -> str:
         return f"<xpatch.Patcher {self._layout!r}>"
 
+    @classmethod
+    def of(cls, layout: Layout[T]) -> Patcher[T]:
+        """Return the Patcher of a built :class:`~xpatch.xarray.layout.Layout` (nothing re-checked).
+
+        With :meth:`Layout.over <xpatch.xarray.layout.Layout.over>`: this layout's
+        patches over another object or at other anchors, ``Patcher.of(p.layout.over(obj))``.
+        """
+        patcher = cls.__new__(cls)
+        object.__setattr__(patcher, "_layout", layout)
+        return patcher
+
     # -- layout ---------------------------------------------------------------------
 
     @property

@@ -184,6 +184,13 @@ class Geometry:
     stride: tuple[int, ...]
     boundaries: tuple[AxisBoundary, ...]
 
+    def __setstate__(self, state: dict) -> None:
+        # Pickled before the geometry held a mode per axis: one mode for all of them.
+        if "boundaries" not in state:
+            state = dict(state)
+            state["boundaries"] = (state.pop("boundary"),) * len(state["dims"])
+        object.__setattr__(self, "__dict__", {**self.__dict__, **state})
+
     @property
     def boundary(self) -> AxisBoundary | dict[Hashable, AxisBoundary]:
         """The one mode every axis has, or ``{dim: mode}`` when they differ."""

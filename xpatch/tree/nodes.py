@@ -17,7 +17,6 @@ import numpy as np
 import xarray as xr
 
 from xpatch.core.errors import OptionError
-from xpatch.core.samplers import Anchors
 from xpatch.patcher import Patcher
 from xpatch.tree.geometry import node_path
 from xpatch.xarray.encoding import NODATA_ATTRS, encoded_nodata_of
@@ -45,12 +44,8 @@ def following(
     so patch ``i`` is the same ground in every node. ``size``, ``stride`` and
     ``halo`` default to ``p``'s (a node at another resolution gives its own).
     """
-    columns = {d: anchors[:, j] for j, d in enumerate(p.dims)}
     changes = {} if halo is None or not any(halo.values()) else {"halo": dict(halo)}
-    options = p.layout.options(sampler=Anchors(columns), min_valid=None, **changes)
-    size = p.size if size is None else dict(size)
-    stride = p.stride if stride is None else dict(stride)
-    return Patcher(obj, size, stride, **options.as_keywords())
+    return Patcher.of(p.layout.over(obj, anchors, size, stride, **changes))
 
 
 def stacked_bands(p: Patcher, path: str) -> tuple[xr.DataArray, list[Hashable]]:

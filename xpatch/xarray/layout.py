@@ -22,7 +22,7 @@ from xpatch.core.errors import DimensionError, GeometryError, OptionError, Uncov
 from xpatch.core.geometry import AxisBoundary, Geometry
 from xpatch.core.padding import PadMode, check_pad_mode
 from xpatch.core.plan import Plan, max_group_size
-from xpatch.core.samplers import AtLabels, RegularGrid, Sampler, index_positions
+from xpatch.core.samplers import Anchors, AtLabels, RegularGrid, Sampler, index_positions
 from xpatch.core.windows import BlendWindow, WindowSpec, make_window
 from xpatch.xarray.padded import padded_object
 from xpatch.xarray.samplers import ObjectSampler
@@ -289,6 +289,42 @@ class Layout(Generic[T]):
             halo,
         )
         return replace(given, **changes)
+
+    def over(
+        self,
+        obj: T | None = None,
+        anchors: Mapping[Hashable, Any] | np.ndarray | None = None,
+        size: Mapping[Hashable, int] | None = None,
+        stride: Mapping[Hashable, int] | None = None,
+        **changes: Any,
+    ) -> Layout:
+        """Return this layout over another object, at other anchors, or both.
+
+        The one way to lay the same patches elsewhere: a DataTree's node at its own
+        resolution, the blend across a periodic seam. ``anchors`` (``{dim: starts}``,
+        or ``(n, k)`` in the order of :attr:`dims`) are kept as given, their order
+        included, and nothing filters them (``min_valid`` is off). ``size``,
+        ``stride`` and the options in ``changes`` default to this layout's.
+
+        Examples
+        --------
+        >>> import numpy as np, xarray as xr
+        >>> da = xr.DataArray(np.zeros((4, 6)), dims=("y", "x"))
+        >>> layout = Layout.build(da, {"y": 2, "x": 3}, None, LayoutOptions())
+        >>> layout.over(anchors={"y": [2, 0], "x": [3, 1]}).plan.anchors.tolist()
+        [[2, 3], [0, 1]]
+        """
+        if anchors is not None:
+            if not isinstance(anchors, Mapping):
+                columns = np.asarray(anchors).reshape(-1, len(self.dims))
+                anchors = {d: columns[:, j] for j, d in enumerate(self.dims)}
+            changes = {"sampler": Anchors(dict(anchors)), "min_valid": None, **changes}
+        return Layout.build(
+            self.obj if obj is None else obj,
+            self.size if size is None else dict(size),
+            self.stride if stride is None else dict(stride),
+            self.options(**changes),
+        )
 
     def __len__(self) -> int:
         return len(self.plan)

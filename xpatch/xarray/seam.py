@@ -25,7 +25,6 @@ import numpy as np
 import xarray as xr
 
 from xpatch.core.geometry import wrapped_copies
-from xpatch.core.samplers import Anchors
 from xpatch.xarray.apply import ApplyOptions, BatchFunction
 from xpatch.xarray.apply import apply as apply_layout
 from xpatch.xarray.georef import grid_mapping_name, transform_of, with_transform
@@ -72,17 +71,14 @@ class SeamBlend:
             before[d] = low + h
         extended = padded_object(layout.obj, widths, "wrap", None)
         shift = np.array([before.get(d, 0) for d in g.dims], dtype=np.int64)
-        options = layout.options(
-            # The extended object has no seam left: its periodic dims end.
-            boundary={
-                d: "shift" if g.wraps(j) else m
-                for j, (d, m) in enumerate(zip(g.dims, g.boundaries))
-            },
-            sampler=Anchors(every + shift),
-            min_valid=None,
-            pad_mode=_ended_pad_mode(layout),
+        # The extended object has no seam left: its periodic dims end there.
+        ended = {
+            d: "shift" if g.wraps(j) else m for j, (d, m) in enumerate(zip(g.dims, g.boundaries))
+        }
+        blend = layout.over(
+            extended, every + shift, boundary=ended, pad_mode=_ended_pad_mode(layout)
         )
-        return cls(Layout.build(extended, layout.size, layout.stride, options), rows, before)
+        return cls(blend, rows, before)
 
     def expand(self, values: Any) -> Any:
         """Return ``values`` (a row per patch: ``"patch"`` or axis 0) and the copies' rows."""
