@@ -222,3 +222,10 @@ def test_the_weights_of_a_periodic_layout_are_its_window():
 def test_a_halo_longer_than_a_turn_is_refused():
     with pytest.raises(xpatch.GeometryError, match="past a whole turn"):
         image(False).patch(SIZE, STRIDE, boundary={"x": "periodic"}, halo={"x": NX + 1})
+
+
+def test_a_regional_grid_wraps_by_position_once_its_labels_are_dropped():
+    lon = np.arange(0, 91, 10.0)
+    da = xr.DataArray(np.arange(10.0), dims="lon", coords={"lon": lon})
+    p = da.drop_vars("lon").patch(lon=4, stride=3, boundary="periodic")
+    np.testing.assert_array_equal(p[3].values, [9.0, 0.0, 1.0, 2.0])

@@ -416,7 +416,8 @@ def check_one_turn(obj: xr.DataArray | xr.Dataset, periodic: list) -> None:
             "longitude",
             "grid_longitude",
         )
-        if not (named or units.startswith("degree")):
+        numeric = np.issubdtype(labels.dtype, np.number)
+        if not numeric or not (named or units.startswith("degree")):
             continue
         values = np.asarray(labels.values, dtype=np.float64)
         step = np.diff(values)
@@ -427,9 +428,9 @@ def check_one_turn(obj: xr.DataArray | xr.Dataset, periodic: list) -> None:
                 f"boundary={{{d!r}: 'periodic'}}: the labels of {d!r} ({values[0]:g} ... "
                 f"{values[-1]:g}, {len(values)} cells{'' if regular else ', irregular'}) span "
                 f"{turn:g} degrees, not one whole turn of 360: the last cell would be blended "
-                f"onto the first. Patch a global grid, or, if {d!r} does wrap with this "
-                f"extent, drop its labels' angle meaning: obj.assign_coords({d}=obj[{d!r}]"
-                ".assign_attrs(units='1')) after renaming, or obj.drop_vars(...)."
+                f"onto the first (a last label repeating the first counts twice). Patch a "
+                f"global grid; or, if {d!r} does wrap with these cells, patch it by position: "
+                f"obj.drop_vars({d!r})."
             )
 
 
