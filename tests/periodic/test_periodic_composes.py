@@ -229,3 +229,10 @@ def test_a_regional_grid_wraps_by_position_once_its_labels_are_dropped():
     da = xr.DataArray(np.arange(10.0), dims="lon", coords={"lon": lon})
     p = da.drop_vars("lon").patch(lon=4, stride=3, boundary="periodic")
     np.testing.assert_array_equal(p[3].values, [9.0, 0.0, 1.0, 2.0])
+
+
+def test_predictions_at_half_the_resolution_land_on_half_the_cells():
+    da = xr.DataArray(np.arange(16.0)[None].repeat(4, 0), dims=("y", "x"))
+    p = da.patch(y=4, x=4, stride=2, boundary={"x": "periodic"})
+    half = p.apply(lambda b: b.reshape(b.shape[0], 2, 2, 2, 2).mean(axis=(2, 4)), scale=0.5)
+    np.testing.assert_array_equal(half.values, np.arange(0.5, 16, 2.0)[None].repeat(2, 0))

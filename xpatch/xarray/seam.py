@@ -16,8 +16,10 @@ copies and the halo reach, repeated from the other side (as a read with
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable
 from dataclasses import dataclass, replace
+from fractions import Fraction
 from typing import Any
 
 import dask.array as da
@@ -91,6 +93,8 @@ class SeamBlend:
         if isinstance(values, da.Array):
             return da.concatenate([values, values[self.rows]], axis=0)
         array = np.asarray(values)
+        if array.ndim == 0:  # not per patch: refused, or taken, by the verb as it is
+            return values
         return np.concatenate([array, array[self.rows]], axis=0)
 
     def crop(self, result: Any, extended: Layout, original: Layout) -> Any:
@@ -101,8 +105,9 @@ class SeamBlend:
         for d, low in self.before.items():
             if d not in result.dims:
                 continue
-            factor = result.sizes[d] // extended.obj.sizes[d]
-            crop[d] = slice(low * factor, (low + original.obj.sizes[d]) * factor)
+            factor = Fraction(result.sizes[d], extended.obj.sizes[d])  # the output's scale
+            first, stop = low * factor, (low + original.obj.sizes[d]) * factor
+            crop[d] = slice(math.floor(first), math.floor(stop))
         out = result.isel(crop)
         for d in crop:
             if out.sizes[d] == original.obj.sizes[d] and d in original.obj.coords:
