@@ -27,8 +27,8 @@ from xpatch.core.samplers import AtLabels, Sampler, anchor_array
 from xpatch.core.scale import ScaleSpec
 from xpatch.core.windows import BlendWindow, WindowSpec
 from xpatch.grain.source import PatchSource
-from xpatch.xarray import apply as inference
-from xpatch.xarray import reconstruct as predictions
+from xpatch.xarray import apply as xarray_apply
+from xpatch.xarray import reconstruct as xarray_reconstruct
 from xpatch.xarray import seam, views
 from xpatch.xarray.apply import ApplyOptions, ApplyReduction, OutputDims, OutputDTypes
 from xpatch.xarray.encoding import NodataOption
@@ -463,7 +463,7 @@ class Patcher(Generic[T]):
         scale: ScaleSpec | None = None,
     ) -> T:
         check_blendable_predictions(pred, self._layout.obj, views.PATCH_DIM)
-        blend = seam.reconstruct_across if self._layout.periodic else predictions.reconstruct
+        blend = seam.reconstruct_across if self._layout.periodic else xarray_reconstruct.reconstruct
         return blend(self._layout, pred, reduce, weights=weights, scale=scale)
 
     def apply(  # noqa: D102 (doc below)
@@ -493,11 +493,11 @@ class Patcher(Generic[T]):
             weights,
             task_memory,
         )
-        blend = seam.apply_across if self._layout.periodic else inference.apply
+        blend = seam.apply_across if self._layout.periodic else xarray_apply.apply
         return blend(self._layout, fn, options)
 
-    reconstruct.__doc__ = predictions.reconstruct.__doc__
-    apply.__doc__ = inference.apply.__doc__
+    reconstruct.__doc__ = xarray_reconstruct.reconstruct.__doc__
+    apply.__doc__ = xarray_apply.apply.__doc__
 
     # -- training pipelines -----------------------------------------------------------
 

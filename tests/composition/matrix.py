@@ -969,6 +969,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--use", action="append", help="only these uses")
     parser.add_argument("--layout", help="only layouts whose id contains this")
     parser.add_argument("--reverse", action="store_true", help="run the cells last to first")
+    parser.add_argument("--part", help="K/N: run every N-th cell from the K-th (1-based)")
     parser.add_argument("--list", action="store_true", help="one line per cell, as it runs")
     parser.add_argument("--save", help="write the Markdown table to this file as well")
     parser.add_argument(
@@ -984,6 +985,9 @@ def main(argv: list[str] | None = None) -> int:
         cells = [c for c in cells if args.layout in c.layout.id]
     if args.reverse:  # a second process can meet the first half-way
         cells = cells[::-1]
+    if args.part:  # K/N: every N-th cell from the K-th, for N processes side by side
+        k, n = (int(x) for x in args.part.split("/"))
+        cells = cells[k - 1 :: n]
     start = time.perf_counter()
     outcomes = run(cells, progress=True, listing=args.list)
     elapsed = time.perf_counter() - start

@@ -420,7 +420,7 @@ def test_a_read_left_waiting_by_the_next_epoch_returns_and_never_winds_the_epoch
         def release(self, chunk, keep_frame):
             pass
 
-        def face_sweep(self, reversed_axes):
+        def set_sweep_direction(self, reversed_axes):
             pass
 
     n = 200

@@ -21,8 +21,8 @@ import numpy as np
 import xarray as xr
 
 import xpatch
+import xpatch.io.block_waves
 import xpatch.io.spill_folders
-import xpatch.io.waves
 
 #: Where the writer kills itself.
 KILL_POINTS = (
@@ -50,7 +50,7 @@ def result() -> xr.DataArray:
     return p.apply(model, batch_size=32)
 
 
-#: Settings of :mod:`xpatch.io.waves` that spill every overhang piece, in waves of two
+#: Settings of :mod:`xpatch.io.block_waves` that spill every overhang piece, in waves of two
 #: blocks (waves of one block would recompute too much here, and run as one).
 SPILL_EVERYTHING = {"OVERHANG_BYTES": 0, "BLOCKS_PER_THREAD": 2, "worker_count": lambda: 1}
 
@@ -79,7 +79,7 @@ def main() -> None:
     if point not in (*KILL_POINTS, "none"):
         raise SystemExit(f"unknown kill point {point!r}; one of {KILL_POINTS} or 'none'")
     for name, value in SPILL_EVERYTHING.items():
-        setattr(xpatch.io.waves, name, value)
+        setattr(xpatch.io.block_waves, name, value)
     lazy = result()
     # A first write pays numba's compilation and first imports: the timed one is waves.
     xpatch.write(lazy, f"{out}.warm.zarr", progress=False)
@@ -88,10 +88,10 @@ def main() -> None:
     elif point == "locked":
         kill_after(xpatch.io.spill_folders.fcntl, "flock")
     elif point == "spilled":
-        kill_after(xpatch.io.waves.OverhangSpill, "_write")
+        kill_after(xpatch.io.block_waves.OverhangSpill, "_write")
     elif point == "removing":
         # A file is kept to the end so that the clean-up finds one left.
-        xpatch.io.waves.OverhangSpill.forget = lambda self, key: None
+        xpatch.io.block_waves.OverhangSpill.forget = lambda self, key: None
         xpatch.io.spill_folders.shutil.rmtree = remove_one_file_then_die
     print("ready", flush=True)
     sys.stdin.readline()

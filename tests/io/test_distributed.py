@@ -114,7 +114,7 @@ def test_apply_with_other_output_dims_on_the_cluster(client, lazy):
 
 
 def test_write_to_zarr_uses_the_active_client(client, lazy, tmp_path, capsys, monkeypatch):
-    assert xpatch.io.waves.active_client() is client
+    assert xpatch.io.block_waves.active_client() is client
     pids = worker_pids(client)
     p = lazy.patch(y=16, x=16, stride=12, window="hann")
     path = tmp_path / "o.zarr"
@@ -162,7 +162,9 @@ def test_write_on_the_cluster_runs_in_waves_with_overhangs_kept_on_the_workers(
     get = client.get
 
     def counting_get(dsk, keys, **kwargs):
-        waves.append(sum(str(k[0]).startswith(xpatch.io.waves.STORE_TASK_PREFIX) for k in keys))
+        waves.append(
+            sum(str(k[0]).startswith(xpatch.io.block_waves.STORE_TASK_PREFIX) for k in keys)
+        )
         return get(dsk, keys, **kwargs)
 
     monkeypatch.setattr(client, "get", counting_get)

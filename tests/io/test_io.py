@@ -12,7 +12,7 @@ import xarray as xr
 import zarr
 
 import xpatch
-import xpatch.io.waves
+import xpatch.io.block_waves
 from tests.io.writing import Affine, lazy_temperature
 from xpatch.io import progress_record
 
@@ -354,12 +354,12 @@ def test_a_write_in_waves_runs_each_patch_through_fn_once(
 ):
     # One block row per wave (4 waves), or everything in one wave: the overhang
     # pieces carried from wave to wave spare recomputing any patch group.
-    monkeypatch.setattr(xpatch.io.waves, "BLOCKS_PER_THREAD", blocks_per_thread)
-    monkeypatch.setattr(xpatch.io.waves, "worker_count", lambda: 1)
+    monkeypatch.setattr(xpatch.io.block_waves, "BLOCKS_PER_THREAD", blocks_per_thread)
+    monkeypatch.setattr(xpatch.io.block_waves, "worker_count", lambda: 1)
     waves = []
-    real = xpatch.io.waves.run_in_waves
+    real = xpatch.io.block_waves.run_in_waves
     monkeypatch.setattr(
-        xpatch.io.waves,
+        xpatch.io.block_waves,
         "run_in_waves",
         lambda g, w, *a, **k: waves.append(len(w)) or real(g, w, *a, **k),
     )
@@ -375,8 +375,8 @@ def test_a_write_in_waves_runs_each_patch_through_fn_once(
 def test_waves_follow_the_output_layout_whatever_its_dim_order(lazy, tmp_path, monkeypatch):
     # Bands last: the result is transposed back to (y, x, band); 3 waves of 2
     # blocks per row of 4, so overhangs cross waves within a row and across rows.
-    monkeypatch.setattr(xpatch.io.waves, "BLOCKS_PER_THREAD", 2)
-    monkeypatch.setattr(xpatch.io.waves, "worker_count", lambda: 1)
+    monkeypatch.setattr(xpatch.io.block_waves, "BLOCKS_PER_THREAD", 2)
+    monkeypatch.setattr(xpatch.io.block_waves, "worker_count", lambda: 1)
     bands_last = lazy.transpose("y", "x", "band")
     p = patcher(bands_last)
     fn = Affine()
@@ -390,8 +390,8 @@ def test_waves_follow_the_output_layout_whatever_its_dim_order(lazy, tmp_path, m
 
 
 def test_several_variables_are_written_in_waves(lazy, tmp_path, monkeypatch):
-    monkeypatch.setattr(xpatch.io.waves, "BLOCKS_PER_THREAD", 1)
-    monkeypatch.setattr(xpatch.io.waves, "worker_count", lambda: 1)
+    monkeypatch.setattr(xpatch.io.block_waves, "BLOCKS_PER_THREAD", 1)
+    monkeypatch.setattr(xpatch.io.block_waves, "worker_count", lambda: 1)
     p = patcher(lazy)
     both = xr.Dataset({"a": p.apply(Affine()), "b": p.reconstruct(p.patches(), reduce="max")})
     with dask.config.set(scheduler="synchronous"):
@@ -406,7 +406,7 @@ def test_a_result_that_mixes_distant_blocks_is_written_in_one_computation(
 ):
     # Every block of r / r.max() needs every block: waves would recompute it all.
     waves = []
-    monkeypatch.setattr(xpatch.io.waves, "run_in_waves", lambda *a, **k: waves.append(1))
+    monkeypatch.setattr(xpatch.io.block_waves, "run_in_waves", lambda *a, **k: waves.append(1))
     p = patcher(lazy)
     fn = Affine()
     result = p.apply(fn)
@@ -420,9 +420,9 @@ def test_a_result_that_mixes_distant_blocks_is_written_in_one_computation(
 
 def test_apply_results_are_written_in_waves(lazy, tmp_path, monkeypatch):
     calls = []
-    real = xpatch.io.waves.run_in_waves
+    real = xpatch.io.block_waves.run_in_waves
     monkeypatch.setattr(
-        xpatch.io.waves, "run_in_waves", lambda *a, **k: calls.append(1) or real(*a, **k)
+        xpatch.io.block_waves, "run_in_waves", lambda *a, **k: calls.append(1) or real(*a, **k)
     )
     xpatch.write(patcher(lazy).apply(Affine()), tmp_path / "o.zarr", progress=False)
     assert calls == [1]
@@ -446,24 +446,24 @@ def spill_watch(tmp_path, monkeypatch):
     Returns what was seen: the files written, and the files still there when the
     write ended (before the folder went), which must be none.
     """
-    monkeypatch.setattr(xpatch.io.waves, "OVERHANG_BYTES", 0)
-    monkeypatch.setattr(xpatch.io.waves, "BLOCKS_PER_THREAD", 1)
-    monkeypatch.setattr(xpatch.io.waves, "worker_count", lambda: 1)
+    monkeypatch.setattr(xpatch.io.block_waves, "OVERHANG_BYTES", 0)
+    monkeypatch.setattr(xpatch.io.block_waves, "BLOCKS_PER_THREAD", 1)
+    monkeypatch.setattr(xpatch.io.block_waves, "worker_count", lambda: 1)
     spills = tmp_path / "spills"
     spills.mkdir()
-    monkeypatch.setattr(xpatch.io.waves.tempfile, "tempdir", str(spills))
+    monkeypatch.setattr(xpatch.io.block_waves.tempfile, "tempdir", str(spills))
     seen = {"written": 0, "read": 0, "left": None, "folders": []}
     real_over, real_exit = (
-        xpatch.io.waves.OverhangSpill.over,
-        xpatch.io.waves.OverhangSpill.__exit__,
+        xpatch.io.block_waves.OverhangSpill.over,
+        xpatch.io.block_waves.OverhangSpill.__exit__,
     )
-    real_read = xpatch.io.waves._read_spilled
+    real_read = xpatch.io.block_waves._read_spilled
 
     def read(path):
         seen["read"] += 1
         return real_read(path)
 
-    monkeypatch.setattr(xpatch.io.waves, "_read_spilled", read)
+    monkeypatch.setattr(xpatch.io.block_waves, "_read_spilled", read)
 
     def over(self, carried, graph, next_read):
         before = len(list(self))
@@ -476,8 +476,8 @@ def spill_watch(tmp_path, monkeypatch):
             seen["left"] = sorted(os.listdir(self._folder.path))
         real_exit(self, *exc)
 
-    monkeypatch.setattr(xpatch.io.waves.OverhangSpill, "over", over)
-    monkeypatch.setattr(xpatch.io.waves.OverhangSpill, "__exit__", exit_)
+    monkeypatch.setattr(xpatch.io.block_waves.OverhangSpill, "over", over)
+    monkeypatch.setattr(xpatch.io.block_waves.OverhangSpill, "__exit__", exit_)
     seen["root"] = spills
     return seen
 
@@ -495,7 +495,7 @@ def test_overhangs_spilled_to_disk_give_the_same_bits_and_leave_no_file(
     p = in_waves()
     with dask.config.set(scheduler="synchronous"):
         with monkeypatch.context() as m:
-            m.setattr(xpatch.io.waves, "OVERHANG_BYTES", 2**40)
+            m.setattr(xpatch.io.block_waves, "OVERHANG_BYTES", 2**40)
             xpatch.write(p.apply(Affine()), tmp_path / "kept.zarr", progress=False)
         assert spill_watch["written"] == 0
         fn = Affine()
@@ -522,7 +522,7 @@ def test_a_spill_folder_that_cannot_be_made_warns_and_keeps_the_pieces_in_memory
 ):
     not_a_folder = tmp_path / "file"
     not_a_folder.write_text("")
-    monkeypatch.setattr(xpatch.io.waves.tempfile, "tempdir", str(not_a_folder))
+    monkeypatch.setattr(xpatch.io.block_waves.tempfile, "tempdir", str(not_a_folder))
     p = in_waves()
     fn = Affine()
     with dask.config.set(scheduler="synchronous"):

@@ -20,8 +20,8 @@ import pytest
 import xarray as xr
 
 import xpatch
+import xpatch.io.block_waves
 import xpatch.io.spill_folders
-import xpatch.io.waves
 from tests.io import spill_writer
 from xpatch.io.spill_folders import UNLOCKED_MARK, folder_prefix, remove_stale
 
@@ -65,9 +65,9 @@ def spills_into(tmp_path, monkeypatch):
     """Point this process's spills at ``tmp_path / "tmp"``, every piece spilled."""
     root = tmp_path / "tmp"
     root.mkdir()
-    monkeypatch.setattr(xpatch.io.waves.tempfile, "tempdir", str(root))
+    monkeypatch.setattr(xpatch.io.block_waves.tempfile, "tempdir", str(root))
     for name, value in spill_writer.SPILL_EVERYTHING.items():  # as the writers do
-        monkeypatch.setattr(xpatch.io.waves, name, value)
+        monkeypatch.setattr(xpatch.io.block_waves, name, value)
     return root
 
 

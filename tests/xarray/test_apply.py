@@ -252,10 +252,10 @@ def test_apply_drops_the_inputs_packing_and_keeps_its_nodata_unless_told(scene):
 def test_results_written_over_the_patches_equal_a_fresh_stack(fn):
     """Small patches' results go over their own patches (no second array of the group);
     views of the batch, reversed ones included, must come out as a fresh stack does."""
-    from xpatch.core.apply import Apply, Output, run_batches
+    from xpatch.core.apply import InferenceSetup, Output, run_batches
 
-    def runs(dtype: str) -> Apply:  # fn in batches of 5, one output (1, *patch) of dtype
-        return Apply(fn, 5, {None: Output((1,), np.dtype(dtype))}, None, None)
+    def runs(dtype: str) -> InferenceSetup:  # fn in batches of 5, one output (1, *patch) of dtype
+        return InferenceSetup(fn, 5, {None: Output((1,), np.dtype(dtype))}, None, None)
 
     patches = np.random.default_rng(4).random((23, 1, 4, 5))
     (expected,) = run_batches(patches.copy(), runs("f8"), (4, 5)).values()

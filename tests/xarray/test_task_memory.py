@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import xpatch
 from tests.conftest import forbid_compute
-from xpatch.core.apply import Apply, Output
+from xpatch.core.apply import InferenceSetup, Output
 from xpatch.core.apply.memory import CONFIG_KEY, task_bytes, working_plans
 from xpatch.core.blend.reductions import as_reduction
 
@@ -89,7 +89,7 @@ def test_a_bad_budget_in_the_dask_config_is_named_as_such():
 def plans_for(da: xr.DataArray, patch: int, stride: int, budget: int, batch: int = 64):
     p = da.patch(y=patch, x=patch, stride=stride, window="hann")
     plan = p.plan
-    inference = Apply(
+    inference = InferenceSetup(
         double, batch, {None: Output((4,), np.dtype("f4"))}, None, as_reduction("sum").blend
     )
     accs = {None: np.dtype("f4")}

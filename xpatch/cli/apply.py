@@ -33,7 +33,7 @@ from xpatch.io import write
 from xpatch.io.geotiff import geotiff_layout, stack_bands
 from xpatch.io.inputs import GEOTIFF_SUFFIXES, open_input
 from xpatch.patcher import Patcher
-from xpatch.xarray.returns import raised_by_fn
+from xpatch.xarray.fn_outputs import raised_by_fn
 
 
 def add_apply_command(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:

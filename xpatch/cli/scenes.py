@@ -36,7 +36,7 @@ from xpatch.core.errors import OptionError, XPatchError
 from xpatch.io.geotiff import stack_bands
 from xpatch.io.inputs import GEOTIFF_SUFFIXES
 from xpatch.scenes import patch_scenes
-from xpatch.xarray.returns import raised_by_fn
+from xpatch.xarray.fn_outputs import raised_by_fn
 
 
 def is_scene_pattern(text: str) -> bool:

@@ -383,10 +383,12 @@ class ForecastPatcher:
         out = grid.apply(per_origin, batch_size, output_dims=declared, **options)
         results = {}
         for name, dims in outputs.items():
-            dressed = self._dress(out[internal[name]].rename({origin: self.dim}), name, dims, order)
+            labelled = self._labelled(
+                out[internal[name]].rename({origin: self.dim}), name, dims, order
+            )
             # Named as the input (a DataArray) or as the output, never by our inner key.
-            dressed.name = self.patcher.obj.name if name is None else name
-            results[name] = dressed
+            labelled.name = self.patcher.obj.name if name is None else name
+            results[name] = labelled
         return results[None] if None in results else xr.Dataset(results)
 
     def _outputs(
@@ -495,7 +497,7 @@ class ForecastPatcher:
             stacked.attrs, stacked.encoding = dict(obj.attrs), dict(obj.encoding)
         return pieces, stacked
 
-    def _dress(
+    def _labelled(
         self, out: xr.DataArray, name: Hashable | None, dims: Mapping, order: list
     ) -> xr.DataArray:
         # One output at its valid times (one lead) or origins and leads, in the input's

@@ -166,8 +166,8 @@ class ForecastSource(Source):
     def release(self, chunk: int, keep_frame: bool) -> None:  # noqa: D102 - the inner source's
         self._inner.release(chunk, keep_frame)
 
-    def face_sweep(self, reversed_axes: list[tuple[bool, ...]]) -> None:  # noqa: D102
-        self._inner.face_sweep(reversed_axes)
+    def set_sweep_direction(self, reversed_axes: list[tuple[bool, ...]]) -> None:  # noqa: D102
+        self._inner.set_sweep_direction(reversed_axes)
 
     def make_fingerprint(self) -> str:
         """Hash the window patches' fingerprint, the roles and every sample's label positions."""

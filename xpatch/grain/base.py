@@ -170,7 +170,7 @@ class Source:
         """Drop chunk ``chunk`` (a global id) from the cache, keeping its frame or not."""
         raise NotImplementedError
 
-    def face_sweep(
+    def set_sweep_direction(
         self, reversed_axes: list[tuple[bool, ...]]
     ) -> None:  # pragma: no cover - every source defines it
         """Keep only the frame sides facing what a sweep visits later (per scene, per axis)."""

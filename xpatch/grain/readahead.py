@@ -102,7 +102,7 @@ class ReadsChunks(Protocol):
 
     def release(self, chunk: int, keep_frame: bool) -> None: ...  # noqa: D102
 
-    def face_sweep(self, reversed_axes: list[tuple[bool, ...]]) -> None: ...  # noqa: D102
+    def set_sweep_direction(self, reversed_axes: list[tuple[bool, ...]]) -> None: ...  # noqa: D102
 
 
 class SweepReads:
@@ -122,7 +122,7 @@ class SweepReads:
         ``sweep_ranks(epoch)``: every chunk's visit rank, and per scene and axis
         whether that epoch's sweep runs from high to low; the source keeps the
         frame sides that face the chunks visited later
-        (:meth:`~xpatch.grain.base.Source.face_sweep`).
+        (:meth:`~xpatch.grain.base.Source.set_sweep_direction`).
     ahead
         How many chunks are read ahead of the newest position and may wait in the
         cache for it; more are in flight where reads land late
@@ -292,7 +292,7 @@ class SweepReads:
         for condition in self._held.values():
             condition.notify()
         self._ranks, reversed_axes = self._sweep_ranks(epoch)
-        self._source.face_sweep(reversed_axes)
+        self._source.set_sweep_direction(reversed_axes)
 
     def _add_worker(self, worker: int) -> None:
         self._workers.add(worker)

@@ -251,7 +251,7 @@ class PatchReader:
         share = self._frame_layout().swept_share(self.grid)
         return self._largest_chunk_bytes(), min(share, 1.0)
 
-    def face_sweep(self, reversed_axes: Sequence[bool]) -> None:
+    def set_sweep_direction(self, reversed_axes: Sequence[bool]) -> None:
         """Keep, of an evicted chunk, only the frame sides facing the chunks a sweep visits later.
 
         Per axis, the low side when the sweep runs from high to low, else the high side.

@@ -330,9 +330,9 @@ class PatchSource(Source):
         """Drop chunk ``chunk`` from this process's cache, keeping its frame or not."""
         self._reader.release(chunk, keep_frame)
 
-    def face_sweep(self, reversed_axes: list[tuple[bool, ...]]) -> None:
+    def set_sweep_direction(self, reversed_axes: list[tuple[bool, ...]]) -> None:
         """Keep, of evicted chunks, the frame sides facing the chunks the sweep visits later."""
-        self._reader.face_sweep(reversed_axes[0])
+        self._reader.set_sweep_direction(reversed_axes[0])
 
     def make_fingerprint(self) -> str:
         """Compute :attr:`fingerprint`: 16 hex digits for the layout and the data served.

@@ -29,10 +29,10 @@ from dask.base import tokenize
 
 from xpatch.core.errors import MissingDependencyError, OptionError, OutputError
 from xpatch.core.plan import block_regions
+from xpatch.io.block_waves import active_client
 from xpatch.io.location import Location
 from xpatch.io.outputs import StoreTasks
 from xpatch.io.record import ProgressRecord, WriterLock
-from xpatch.io.waves import active_client
 from xpatch.xarray.encoding import encoded_nodata_of, nodata_of
 from xpatch.xarray.georef import X_NAMES, Y_NAMES, irregular_steps
 

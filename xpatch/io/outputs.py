@@ -31,9 +31,9 @@ from dask.base import tokenize
 
 from xpatch.core.errors import OutputError, OutputExistsError
 from xpatch.core.plan import block_regions
+from xpatch.io.block_waves import STORE_TASK_PREFIX
 from xpatch.io.location import Location
 from xpatch.io.record import ProgressRecord, WriterLock, read_bytes, write_marker
-from xpatch.io.waves import STORE_TASK_PREFIX
 from xpatch.xarray.provenance import facts_of, record_facts
 
 #: Folder of the progress record inside a zarr store.

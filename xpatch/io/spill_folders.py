@@ -1,6 +1,6 @@
 """Temporary folders that a killed process does not leave behind for good.
 
-A write that spills overhang pieces to disk (:class:`xpatch.io.waves.OverhangSpill`)
+A write that spills overhang pieces to disk (:class:`xpatch.io.block_waves.OverhangSpill`)
 removes its folder when it ends, failed or not. A process killed by SIGKILL (or
 the kernel's OOM killer) cannot, and its files would stay in the temporary
 directory until the machine's own clean-up. So each folder holds an exclusive

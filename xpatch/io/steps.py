@@ -26,7 +26,8 @@ from dask.highlevelgraph import HighLevelGraph
 
 from xpatch.core.checks import check_choice
 from xpatch.core.errors import OptionError, OutputError, OutputExistsError, warn
-from xpatch.io import waves
+from xpatch.io import block_waves
+from xpatch.io.block_waves import active_client
 from xpatch.io.geotiff import GEOTIFF_RECORD_SUFFIX, GeoTiffOutput, require_rasterio, stack_bands
 from xpatch.io.location import locate
 from xpatch.io.outputs import (
@@ -38,7 +39,6 @@ from xpatch.io.outputs import (
     tree_groups,
     zarr_chunked,
 )
-from xpatch.io.waves import active_client
 from xpatch.xarray.encoding import file_nodata
 from xpatch.xarray.provenance import differences, fingerprint
 
@@ -134,15 +134,15 @@ def run_store_tasks(tasks: StoreTasks, progress: bool) -> int:
         # partials at once, and workers spill (docs/scale.md); waves bound them.
         # Larger waves than locally: each one is a round trip through the scheduler.
         threads = sum(client.nthreads().values())
-        plan = waves.plan_waves(
-            dict(graph), tasks.indices, threads=waves.CLUSTER_WAVE_FACTOR * threads
+        plan = block_waves.plan_waves(
+            dict(graph), tasks.indices, threads=block_waves.CLUSTER_WAVE_FACTOR * threads
         )
         if plan is not None:
-            return waves.run_in_waves(*plan, progress=progress, client=client)
-    elif waves.waves_fit_the_scheduler():
-        plan = waves.plan_waves(dict(graph), tasks.indices)  # waves cull to the store tasks
+            return block_waves.run_in_waves(*plan, progress=progress, client=client)
+    elif block_waves.waves_fit_the_scheduler():
+        plan = block_waves.plan_waves(dict(graph), tasks.indices)  # waves cull to the store tasks
         if plan is not None:
-            return waves.run_in_waves(*plan, progress=progress)
+            return block_waves.run_in_waves(*plan, progress=progress)
     # Other graphs and schedulers run as one computation.
     (written,) = compute(Delayed(final, graph, layer=name), progress=progress)
     return int(written)

@@ -20,7 +20,7 @@ what each means for a format; :mod:`xpatch.io.record` keeps the record and the l
 A kill at any moment leaves a state that the next run continues or refuses with
 a message saying what to do. On the local threaded (or synchronous) scheduler and
 on a ``dask.distributed`` client the store tasks run in waves of a few blocks
-(:mod:`xpatch.io.waves`), so that peak memory stays at a few blocks whatever the size
+(:mod:`xpatch.io.block_waves`), so that peak memory stays at a few blocks whatever the size
 of the output; a result whose blocks need distant blocks (``r / r.max()``) and the
 process scheduler get one computation.
 

@@ -296,10 +296,10 @@ class SceneSource(Source):
         source, local = self._scene_of(chunk)
         source.release(local, keep_frame)
 
-    def face_sweep(self, reversed_axes: list[tuple[bool, ...]]) -> None:
+    def set_sweep_direction(self, reversed_axes: list[tuple[bool, ...]]) -> None:
         """Keep, per scene, the frame sides facing the chunks the sweep visits later."""
         for source, axes in zip(self._sources, reversed_axes):
-            source.face_sweep([axes])
+            source.set_sweep_direction([axes])
 
     def _frames_fit(self) -> bool:
         costs = [s.reader.frame_costs() for s in self._sources]

@@ -29,7 +29,7 @@ VARIABLE_DIM = "variable"
 RESULT_NAME = "data"
 
 
-def following(
+def node_patcher(
     p: Patcher,
     obj: xr.DataArray | xr.Dataset,
     anchors: np.ndarray,

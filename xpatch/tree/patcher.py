@@ -43,8 +43,8 @@ from xpatch.tree.geometry import (
     snapped_anchors,
 )
 from xpatch.tree.nodes import (
-    following,
     node_functions,
+    node_patcher,
     node_predictions,
     result_tree,
     stacked_bands,
@@ -218,7 +218,7 @@ class TreePatcher:
         self._patchers = {
             path: ref
             if path == reference
-            else following(ref, ds, anchors[path], sizes[path], strides[path], halos[path])
+            else node_patcher(ref, ds, anchors[path], sizes[path], strides[path], halos[path])
             for path, ds in nodes.items()
         }
         self._factors = factors
@@ -490,7 +490,7 @@ class TreePatcher:
         patchers = {}
         for path in functions:
             p = self._patchers[path]
-            patchers[path] = following(p, stacked_bands(p, path)[0], p.plan.anchors)
+            patchers[path] = node_patcher(p, stacked_bands(p, path)[0], p.plan.anchors)
         return self._tree_of(
             {path: p.apply(functions[path], **options) for path, p in patchers.items()}
         )

@@ -136,9 +136,9 @@ class TreeSource(Source):
         """Drop the reference node's chunk ``chunk``, keeping its frame or not."""
         self._sources[self._reference].release(chunk, keep_frame)
 
-    def face_sweep(self, reversed_axes: list[tuple[bool, ...]]) -> None:
+    def set_sweep_direction(self, reversed_axes: list[tuple[bool, ...]]) -> None:
         """Face the reference node's sweep (the other nodes keep frames of both sides)."""
-        self._sources[self._reference].face_sweep(reversed_axes)
+        self._sources[self._reference].set_sweep_direction(reversed_axes)
 
     def make_fingerprint(self) -> str:
         """Compute :attr:`fingerprint`: every node's data and layout, by path.

@@ -17,7 +17,7 @@ import xarray as xr
 from dask.base import tokenize
 from numpy.typing import ArrayLike, DTypeLike
 
-from xpatch.core.apply import Apply, BatchFunction, Output, apply_dask, apply_numpy
+from xpatch.core.apply import BatchFunction, InferenceSetup, Output, apply_dask, apply_numpy
 from xpatch.core.apply.memory import task_memory
 from xpatch.core.blend.dtypes import check_rounds_exactly, plan_most_covering
 from xpatch.core.blend.reductions import (
@@ -42,11 +42,11 @@ from xpatch.xarray.encoding import (
     default_out_dtype,
     needs_nodata,
 )
+from xpatch.xarray.fn_outputs import declare_returns, output_halo
 from xpatch.xarray.layout import Layout
+from xpatch.xarray.output_grids import OutputGrid, output_grid, resampler
 from xpatch.xarray.provenance import describe_callable, layout_facts, note_result
 from xpatch.xarray.reconstruct import output_coords
-from xpatch.xarray.returns import declare_returns, output_halo
-from xpatch.xarray.scaled import OutputGrid, output_grid, resampler
 from xpatch.xarray.variables import check_apply_dtype, data_token
 from xpatch.xarray.views import PATCH_DIM
 
@@ -372,7 +372,7 @@ def apply(
     reading = layout.reading
     data = reading.obj.transpose(*carried, *layout.dims).data
     outputs = {n: Output(tuple(int(s) for s in o.dims.values()), o.dtype) for n, o in specs.items()}
-    inference = Apply(
+    inference = InferenceSetup(
         fn,
         batch_size,
         outputs,
@@ -395,7 +395,7 @@ def apply(
     for name, (dims, declared, stored, own) in specs.items():
         given = pick(out_dtype, name, names)
         what = f"out_dtype={given!r}" if given is not None else f"out_dtype=None (kept {stored})"
-        out = _dress(layout, grid, arrays[name], dims, reduce, own, stored, what)
+        out = _labelled(layout, grid, arrays[name], dims, reduce, own, stored, what)
 
         def facts(name=name, dims=dims, declared=declared, out=out, own=own) -> dict:
             weighed = (
@@ -554,7 +554,7 @@ def _label_nodata(
     return nodata
 
 
-def _dress(
+def _labelled(
     layout: Layout,
     grid: OutputGrid,
     out: np.ndarray | da.Array,

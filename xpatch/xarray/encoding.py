@@ -57,7 +57,8 @@ VALUE_ENCODING_ATTRS = frozenset(
 
 NodataOption = float | Literal["input"] | None
 
-#: Takes the input's validity mask to a result at another resolution (:mod:`xpatch.xarray.scaled`).
+#: Takes the input's validity mask to a result at another resolution
+#: (:mod:`xpatch.xarray.output_grids`).
 Resample = Callable[[xr.DataArray], xr.DataArray]
 
 

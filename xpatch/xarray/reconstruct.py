@@ -36,11 +36,17 @@ from xpatch.xarray.encoding import (
     missing_as_nan,
     reconstructed,
 )
+from xpatch.xarray.fn_outputs import output_halo
 from xpatch.xarray.georef import grid_mapping_name
 from xpatch.xarray.layout import Layout
+from xpatch.xarray.output_grids import (
+    OutputGrid,
+    grid_coords,
+    inferred_scale,
+    output_grid,
+    resampler,
+)
 from xpatch.xarray.provenance import layout_facts, note_result
-from xpatch.xarray.returns import output_halo
-from xpatch.xarray.scaled import OutputGrid, grid_coords, inferred_scale, output_grid, resampler
 from xpatch.xarray.variables import data_token, is_dask_backed
 from xpatch.xarray.views import PATCH_DIM
 

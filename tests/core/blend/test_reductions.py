@@ -9,7 +9,7 @@ import xarray as xr
 
 import xpatch  # noqa: F401  (registers .patch)
 from xpatch.core.blend import reductions
-from xpatch.core.blend.landing import Landing, Partial, Piece
+from xpatch.core.blend.placement import Landing, Partial, Piece
 from xpatch.core.blend.reductions import (
     MEAN,
     Reduction,

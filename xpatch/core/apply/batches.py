@@ -1,4 +1,4 @@
-"""How ``fn`` runs in an inference: the :class:`Apply` it fixes, batches, and what fn returns.
+"""How ``fn`` runs in an inference: the :class:`InferenceSetup`, batches, what fn returns.
 
 :func:`run_batches` calls ``fn`` on consecutive batches of patches and checks what it
 returns against the declared outputs (:func:`check_declared`,
@@ -36,7 +36,7 @@ class Output(NamedTuple):
 
 
 @dataclass(frozen=True, eq=False)
-class Apply:
+class InferenceSetup:
     """What one sliding-window inference fixes, for every group of patches.
 
     Attributes
@@ -91,7 +91,7 @@ class Apply:
 
 def run_batches(
     patches: np.ndarray,
-    apply: Apply,
+    apply: InferenceSetup,
     out_patch: Sequence[int],
     split: bool = False,
     into_patches: bool = False,
@@ -132,13 +132,14 @@ def run_batches(
     Examples
     --------
     >>> x = np.arange(12.0).reshape(3, 1, 4)
-    >>> one = Apply(lambda b: b * 2, 2, {None: Output((1,), np.dtype("f8"))}, None, None)
+    >>> one = InferenceSetup(lambda b: b * 2, 2, {None: Output((1,), np.dtype("f8"))}, None, None)
     >>> run_batches(x, one, (4,))[None][:, 0]
     array([[ 0.,  2.,  4.,  6.],
            [ 8., 10., 12., 14.],
            [16., 18., 20., 22.]])
     >>> two = {"a": Output((1,), np.dtype("f8")), "b": Output((), np.dtype("f4"))}
-    >>> out = run_batches(x, Apply(lambda b: {"a": b, "b": b[:, 0]}, 2, two, None, None), (4,))
+    >>> both = InferenceSetup(lambda b: {"a": b, "b": b[:, 0]}, 2, two, None, None)
+    >>> out = run_batches(x, both, (4,))
     >>> out["a"].shape, out["b"].shape, out["b"].dtype
     ((3, 1, 4), (3, 4), dtype('float32'))
     """
@@ -343,7 +344,7 @@ def check_declared(result: np.ndarray, dtype: np.dtype) -> None:
 
 
 def result_dtypes(
-    apply: Apply, plan: Plan, weights: np.ndarray | None
+    apply: InferenceSetup, plan: Plan, weights: np.ndarray | None
 ) -> dict[str | None, np.dtype]:
     """Return each output's result dtype on ``plan`` (:meth:`Reduction.result_dtype`)."""
     weighted = weights is not None or apply.weight_key is not None

@@ -12,7 +12,7 @@ import functools
 import numpy as np
 
 from xpatch.core.apply.batches import (
-    Apply,
+    InferenceSetup,
     group_weights,
     result_dtypes,
     run_batches,
@@ -34,7 +34,7 @@ from xpatch.core.plan import Plan
 def apply_numpy(
     array: np.ndarray,
     plan: Plan,
-    apply: Apply,
+    apply: InferenceSetup,
     out_plan: Plan | None = None,
     weights: np.ndarray | None = None,
 ) -> dict[str | None, np.ndarray]:
@@ -55,7 +55,7 @@ def apply_numpy(
 
     Examples
     --------
-    >>> from xpatch.core.apply.batches import Apply, Output
+    >>> from xpatch.core.apply.batches import InferenceSetup, Output
     >>> from xpatch.core.blend.reductions import MAX, MEAN
     >>> from xpatch.core.plan import ChunkGrid, Plan
     >>> from xpatch.core.windows import BlendWindow
@@ -63,7 +63,7 @@ def apply_numpy(
     >>> plan = Plan.compile(np.array([[0], [2]]), ChunkGrid.from_chunks([(6,)]), [4],
     ...                     keep_order=True)
     >>> f8 = {None: Output((), np.dtype("f8"))}
-    >>> one = Apply(lambda b: b + 1, 8, f8, BlendWindow.of(np.ones(4)), MEAN, np.nan)
+    >>> one = InferenceSetup(lambda b: b + 1, 8, f8, BlendWindow.of(np.ones(4)), MEAN, np.nan)
     >>> apply_numpy(x, plan, one)[None].tolist()
     [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
 
@@ -71,7 +71,7 @@ def apply_numpy(
 
     >>> big = np.array([2**60 + 1, 2**60 + 3, 5, 7, 9, 11], dtype=np.int64)
     >>> i8 = {None: Output((), big.dtype)}
-    >>> same = Apply(lambda b: b, 8, i8, BlendWindow.of(np.ones(4)), MAX, 0)
+    >>> same = InferenceSetup(lambda b: b, 8, i8, BlendWindow.of(np.ones(4)), MAX, 0)
     >>> apply_numpy(big, plan, same)[None].tolist()[:2]
     [1152921504606846977, 1152921504606846979]
     """
@@ -117,7 +117,7 @@ def apply_numpy(
 
 
 def _apply_blending_batches(
-    array: np.ndarray, plan: Plan, out_plan: Plan, apply: Apply, acc: np.dtype
+    array: np.ndarray, plan: Plan, out_plan: Plan, apply: InferenceSetup, acc: np.dtype
 ) -> np.ndarray | None:
     """:func:`apply_numpy` blending each batch as ``fn`` returns it; None off a product grid.
 

@@ -21,8 +21,8 @@ from dask.highlevelgraph import HighLevelGraph
 from dask.utils import parse_bytes
 
 from xpatch.core.apply.batches import (
-    Apply,
     BatchFunction,
+    InferenceSetup,
     group_weights,
     result_dtypes,
     run_batches,
@@ -35,7 +35,6 @@ from xpatch.core.blend.batch_blend import (
     slab_kernel,
     slab_patches,
 )
-from xpatch.core.blend.landing import Partial
 from xpatch.core.blend.partials import (
     Finish,
     assemble_blocks,
@@ -43,6 +42,7 @@ from xpatch.core.blend.partials import (
     partial_sums,
     split_lead,
 )
+from xpatch.core.blend.placement import Partial
 from xpatch.core.callables import code_token
 from xpatch.core.extract import (
     cut_from_pieces,
@@ -82,7 +82,7 @@ class GroupTask:
         Each output's result dtype.
     """
 
-    apply: Apply
+    apply: InferenceSetup
     axes: tuple[int, ...]
     size: tuple[int, ...]
     out_patch: tuple[int, ...]
@@ -110,7 +110,7 @@ def _apply_task(
 ) -> Partial | dict[str | None, Partial]:
     """Cut a group's patches, run ``fn`` on them in batches and add the results into its box.
 
-    One output: its :class:`~xpatch.core.blend.landing.Partial`; several: a dict.
+    One output: its :class:`~xpatch.core.blend.placement.Partial`; several: a dict.
     One output without weights is blended batch by batch (large patches) or slab
     by slab (a large group of small ones) where the kernels allow; else the group
     is cut whole.
@@ -250,7 +250,7 @@ def _blend_in_parts(
 def apply_dask(
     array: da.Array,
     plan: Plan,
-    apply: Apply,
+    apply: InferenceSetup,
     out_plan: Plan | None = None,
     weights: np.ndarray | None = None,
     budget: int | None = None,
@@ -344,7 +344,11 @@ def apply_dask(
 
 
 def _graph_name(
-    array: da.Array, plan: Plan, apply: Apply, out_plan: Plan | None, weights: np.ndarray | None
+    array: da.Array,
+    plan: Plan,
+    apply: InferenceSetup,
+    out_plan: Plan | None,
+    weights: np.ndarray | None,
 ) -> tuple[str, str]:
     """Return the graph's name and token: they identify the values, as before one path.
 

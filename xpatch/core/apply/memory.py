@@ -24,7 +24,7 @@ import dask
 import numpy as np
 from dask.utils import parse_bytes
 
-from xpatch.core.apply.batches import Apply
+from xpatch.core.apply.batches import InferenceSetup
 from xpatch.core.errors import OptionError
 from xpatch.core.plan import ChunkGrid, Plan
 from xpatch.core.scale import scale_plan
@@ -93,7 +93,7 @@ def task_bytes(
     array_shape: Sequence[int],
     itemsize: int,
     plan: Plan,
-    apply: Apply,
+    apply: InferenceSetup,
     out_plan: Plan,
     accs: Mapping[str | None, np.dtype],
 ) -> TaskBytes:
@@ -153,7 +153,7 @@ def working_plans(
     array_shape: Sequence[int],
     itemsize: int,
     plan: Plan,
-    apply: Apply,
+    apply: InferenceSetup,
     out_plan: Plan,
     accs: Mapping[str | None, np.dtype],
     budget: int,

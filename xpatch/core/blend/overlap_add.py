@@ -25,8 +25,8 @@ from typing import NamedTuple
 import numpy as np
 
 from xpatch.core.blend import compiled
-from xpatch.core.blend.landing import Landing, place_patches
 from xpatch.core.blend.lattice import lattice_overlap_add
+from xpatch.core.blend.placement import Landing, place_patches
 from xpatch.core.blend.reductions import Reduction, ReductionName, as_reduction
 from xpatch.core.blend.sums import narrowed
 from xpatch.core.blend.weighted import weigher

@@ -1,7 +1,7 @@
 """Lazy overlap-add on the plan: a partial sum per group, combined per output block.
 
 Each group of patches of the :class:`~xpatch.core.plan.Plan` is added into the
-box it spans (:func:`partial_sums`, a :class:`~xpatch.core.blend.landing.Partial`);
+box it spans (:func:`partial_sums`, a :class:`~xpatch.core.blend.placement.Partial`);
 the pieces by which a box overhangs into neighbouring blocks are copied out once;
 each output block adds the pieces that reach it and finishes
 (:func:`combine_partials`). What a partial holds and how pieces combine is the
@@ -21,9 +21,9 @@ from dask.array.core import normalize_chunks
 from dask.base import tokenize
 from dask.highlevelgraph import HighLevelGraph
 
-from xpatch.core.blend.landing import Block, Landing, Partial, Piece, place_patches
 from xpatch.core.blend.lattice import lattice_overlap_add
 from xpatch.core.blend.overlap_add import on_lattice
+from xpatch.core.blend.placement import Block, Landing, Partial, Piece, place_patches
 from xpatch.core.blend.reductions import Reduction, ReductionName, as_reduction
 from xpatch.core.blend.weighted import check_weights, weigher
 from xpatch.core.errors import PredictionError

@@ -35,7 +35,8 @@ import dask.array as da
 import numpy as np
 
 from xpatch.core.blend.dtypes import plan_covers, value_range
-from xpatch.core.blend.landing import (
+from xpatch.core.blend.lattice import all_positive, outer_product, product_sums
+from xpatch.core.blend.placement import (
     Block,
     BlockWeights,
     Landing,
@@ -43,7 +44,6 @@ from xpatch.core.blend.landing import (
     Piece,
     place_patches,
 )
-from xpatch.core.blend.lattice import all_positive, outer_product, product_sums
 from xpatch.core.blend.sums import (
     add_extreme,
     add_sums,

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from xpatch.core.blend.dtypes import holds_nan, value_range
-from xpatch.core.blend.landing import BlockWeights, Landing, Placement
+from xpatch.core.blend.placement import BlockWeights, Landing, Placement
 from xpatch.core.errors import PredictionError
 
 

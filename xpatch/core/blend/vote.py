@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from xpatch.core.blend.landing import Placement
+from xpatch.core.blend.placement import Placement
 
 #: A label's weight where no patch votes for it.
 ABSENT = -1.0
@@ -62,7 +62,7 @@ def label_weight(
 
     Examples
     --------
-    >>> from xpatch.core.blend.landing import place_patches
+    >>> from xpatch.core.blend.placement import place_patches
     >>> pl = place_patches([0], [4], [np.array([[0], [2]])], [2])
     >>> votes = [np.array([[1, 1], [1, 2]])]
     >>> label_weight(np.empty(4), 1, pl, votes, np.ones(2)).tolist()

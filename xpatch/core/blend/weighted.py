@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from xpatch.core.blend.landing import Placement
+from xpatch.core.blend.placement import Placement
 from xpatch.core.errors import PredictionError
 
 
@@ -106,7 +106,7 @@ def weighted_sums(
 
     Examples
     --------
-    >>> from xpatch.core.blend.landing import place_patches
+    >>> from xpatch.core.blend.placement import place_patches
     >>> pl = place_patches([0], [3], [np.array([[0], [1]])], [2])
     >>> preds, v = [np.array([[1.0, 1.0], [4.0, 4.0]])], [np.array([[1.0], [3.0]])]
     >>> out = np.empty(3)

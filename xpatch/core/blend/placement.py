@@ -293,7 +293,7 @@ class Landing:
     origin, shape
         The block along the patched axes.
     placements
-        The patches that touch it (:func:`~xpatch.core.blend.landing.place_patches`).
+        The patches that touch it (:func:`~xpatch.core.blend.placement.place_patches`).
     groups
         The predictions, one array per group, ``(n_g, *lead, *patch)``.
     window
