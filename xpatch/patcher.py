@@ -72,8 +72,9 @@ class Patcher(Generic[T]):
         (with explicit or random anchors: if a patch leaves the array).
         ``"periodic"``: the dim wraps (a global grid's longitude): patches start at
         ``0, stride, ...`` below its extent, those past the end go on with its first
-        cells, and their results land back there. One mode for every dim, or
-        ``{dim: mode}`` (dims left out take ``"shift"``).
+        cells, and their results land back there (through :meth:`apply`, such a
+        patch goes through ``fn`` twice, once for each side of the seam). One mode
+        for every dim, or ``{dim: mode}`` (dims left out take ``"shift"``).
     window
         Blending window for :meth:`reconstruct`: ``"boxcar"`` (default), ``"hann"``,
         ``"triangular"``, ``"tukey"`` / ``("tukey", alpha)``, ``("gaussian", sigma)``,

@@ -236,3 +236,13 @@ def test_predictions_at_half_the_resolution_land_on_half_the_cells():
     p = da.patch(y=4, x=4, stride=2, boundary={"x": "periodic"})
     half = p.apply(lambda b: b.reshape(b.shape[0], 2, 2, 2, 2).mean(axis=(2, 4)), scale=0.5)
     np.testing.assert_array_equal(half.values, np.arange(0.5, 16, 2.0)[None].repeat(2, 0))
+
+
+def test_shuffled_predictions_and_their_weights_move_together():
+    p = layout(False, "random", window="hann")
+    pred = per_patch_model(p.patches())
+    weights = np.arange(1.0, len(p) + 1)
+    expected = p.reconstruct(pred, weights=weights)
+    order = np.random.default_rng(5).permutation(len(p))
+    shuffled = p.reconstruct(pred.isel(patch=order), weights=weights[order])
+    np.testing.assert_allclose(shuffled.values, expected.values, rtol=1e-12)

@@ -132,16 +132,31 @@ def _ended_pad_mode(layout: Layout) -> Any:
     return ended
 
 
-def in_layout_order(layout: Layout, pred: Any) -> Any:
-    """Return ``pred`` with its rows in the layout's order (matched by its anchor coords)."""
+def in_layout_order(layout: Layout, pred: Any, weights: Any) -> tuple[Any, Any]:
+    """Return ``pred`` and its ``weights`` with their rows in the layout's order.
+
+    Predictions gathered out of order carry their anchors; the weights, taken row for
+    row with them, move with them.
+    """
     if not isinstance(pred, xr.DataArray | xr.Dataset) or PATCH_DIM not in pred.dims:
-        return pred
+        return pred, weights
     first = pred if isinstance(pred, xr.DataArray) else _first_patched(pred)
     rows, _ = prediction_rows(layout, first, "pred")
     if rows is not None:
         pred = pred.isel({PATCH_DIM: rows})
+        weights = _rows_of(weights, rows, pred.sizes[PATCH_DIM])
     anchors = [f"{d}_anchor" for d in layout.dims]
-    return pred.drop_vars([c for c in anchors if c in pred.coords])
+    return pred.drop_vars([c for c in anchors if c in pred.coords]), weights
+
+
+def _rows_of(weights: Any, rows: np.ndarray, count: int) -> Any:
+    # Per-patch or per-cell weights (a patch dim, or axis 0 of the patches' count).
+    if weights is None:
+        return None
+    if isinstance(weights, xr.DataArray | xr.Dataset):
+        return weights.isel({PATCH_DIM: rows}) if PATCH_DIM in weights.dims else weights
+    shape = getattr(weights, "shape", np.shape(weights))
+    return weights[rows] if len(shape) and shape[0] == count else weights
 
 
 def _first_patched(ds: xr.Dataset) -> xr.DataArray:
@@ -154,7 +169,8 @@ def reconstruct_across(
     """:func:`~xpatch.xarray.reconstruct.reconstruct` of a layout with periodic dims."""
     layout = layout_of(laid)
     blend = SeamBlend.of(layout)
-    pred = blend.expand(in_layout_order(layout, pred))
+    pred, weights = in_layout_order(layout, pred, weights)
+    pred = blend.expand(pred)
     weights = None if weights is None else blend.expand(weights)
     out = reconstruct_layout(blend.layout, pred, reduce, weights=weights, scale=scale)
     return blend.crop(out, blend.layout, layout)
