@@ -1,18 +1,21 @@
-"""Read whole chunks of a zarr v3 array on the calling thread, not through zarr's event loop.
+"""Read whole chunks of a zarr array on the calling thread, not through zarr's event loop.
 
 ``zarr.Array.__getitem__`` hands every read to zarr's event loop, whose worker
 threads fetch the chunk's bytes and decode them: each chunk passes the GIL between
 four threads, and under Grain's read threads on 2 cores every pass waits its turn.
-Read here, a chunk's bytes come from the store (on the calling thread when the store
-can, as a local folder or memory can; else from zarr's event loop) and its codecs
-decode them on the calling thread, releasing the GIL where they decompress. The 512
-chunks of the 1 GiB zarr of ``benchmarks/bench_storage.py``, read one after another
-by one thread: 1.0 s so, 1.5-2.0 s through zarr; a shuffled epoch through Grain's 16
-read threads went from 1.8x to 1.3-1.6x the time of zarr decoding each chunk once.
+Read here, a chunk's bytes come from the store on the calling thread (a local folder
+or memory as zarr's stores read them; an object store through obstore's synchronous
+calls, which wait with the GIL released: :mod:`xpatch.grain.object_store`; else from
+zarr's event loop) and its codecs decode them on the calling thread, releasing the GIL
+where they decompress. The 512 chunks of the 1 GiB zarr of
+``benchmarks/bench_storage.py``, read one after another by one thread: 1.0 s so,
+1.5-2.0 s through zarr; a shuffled epoch through Grain's 16 read threads went from
+1.8x to 1.3-1.6x the time of zarr decoding each chunk once.
 
-Only what can be decoded exactly this way is: zarr v3, a regular chunk grid, no
-sharding, and codecs that decode without the event loop (``bytes``, ``zstd``,
-``blosc``, ``gzip``, ``transpose``, ``crc32c``). The first chunk each process reads
+Only what can be decoded exactly this way is: a regular chunk grid, no sharding;
+zarr v3 with codecs that decode without the event loop (``bytes``, ``zstd``,
+``blosc``, ``gzip``, ``transpose``, ``crc32c``), or zarr v2 of numbers, dates or
+booleans (its numcodecs compressor and filters). The first chunk each process reads
 is checked against zarr's own read of it; should they ever differ, zarr reads
 everything from then on and a warning says so.
 """
@@ -29,6 +32,7 @@ from typing import Literal, TypeVar
 
 import numpy as np
 
+from xpatch.grain.object_store import object_store_of
 from xpatch.grain.store_wait import note_store_wait, store_wait
 from xpatch.grain.threads import IdlePool
 
@@ -166,7 +170,7 @@ def error_text(error: BaseException) -> str:
 
 
 class ZarrChunks:
-    """Slice a zarr v3 array by whole chunks, decoding them on the calling thread.
+    """Slice a zarr array by whole chunks, decoding them on the calling thread.
 
     Built by :meth:`of`, which returns None for arrays it cannot read exactly.
     ``chunks[index]`` takes a tuple of slices (steps of 1) and returns a numpy
@@ -190,6 +194,13 @@ class ZarrChunks:
         #: Whether reads wait for an object store (bytes only on zarr's event loop):
         #: several variables' chunks are then best fetched side by side.
         self.waits_on_store = not isinstance(array.store_path.store, SupportsGetSync)
+        #: The object store's bytes fetched on the calling thread, the interpreter lock
+        #: released while it waits (obstore); None: through zarr's event loop.
+        self.object_store = (
+            object_store_of(array.store_path.store, array.store_path.path)
+            if self.waits_on_store
+            else None
+        )
         self.shape = tuple(array.shape)
         self.dtype = np.dtype(array.dtype)
         self.ndim = len(self.shape)
@@ -214,9 +225,13 @@ class ZarrChunks:
         except ImportError:  # another zarr: its own reads are always right
             return None
         metadata = getattr(array, "metadata", None)
-        if getattr(metadata, "zarr_format", None) != 3:
-            return None
-        if not isinstance(metadata.chunk_grid, RegularChunkGrid):
+        zarr_format = getattr(metadata, "zarr_format", None)
+        if zarr_format == 2:
+            if np.dtype(array.dtype).kind not in "biufcmM":
+                return None  # objects, strings: zarr's own decoding
+            codecs = (V2Decode(metadata.filters, metadata.compressor),)
+            return cls(array, codecs, tuple(int(n) for n in metadata.chunks))
+        if zarr_format != 3 or not isinstance(metadata.chunk_grid, RegularChunkGrid):
             return None
         codecs = tuple(metadata.codecs)
         if not all(isinstance(c, SupportsSyncCodec) for c in codecs):
@@ -331,8 +346,33 @@ class ZarrChunks:
             self._specs = specs
         return self._specs
 
+    def _fetch_object(self, key: str, prototype):
+        """Return chunk ``key``'s bytes via obstore; should it fail, zarr fetches from then on.
+
+        obstore may not reach what s3fs reaches (an AWS profile, a bucket outside the
+        region given): then zarr's event loop fetches this chunk and all the others.
+        """
+        from zarr.core.sync import sync
+
+        reader = self.object_store
+        try:
+            fetched = reader.fetch(key)
+        except Exception as error:
+            raw = sync((self.array.store_path / key).get(prototype=prototype))
+            self.object_store = None  # zarr read it where obstore could not
+            warnings.warn(
+                f"obstore could not read {reader.description or self.location} "
+                f"({error_text(error)}); its chunks are read through zarr's own store "
+                "from now on (slower).",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            return raw
+        return None if fetched is None else prototype.buffer.from_bytes(fetched)
+
     def _decoded(self, chunk_coords: tuple[int, ...]) -> np.ndarray:
         from zarr.abc.store import SupportsGetSync
+        from zarr.core.codec_pipeline import fill_value_or_default
         from zarr.core.sync import sync
 
         specs = self._chunk_specs()
@@ -345,13 +385,15 @@ class ZarrChunks:
         try:
             if isinstance(store_path.store, SupportsGetSync):  # a folder, memory
                 raw = store_path.get_sync(prototype=prototype)
+            elif self.object_store is not None:  # obstore, on this thread, lock released
+                raw = self._fetch_object(key, prototype)
             else:  # an object store reads only on the event loop: the bytes come from there
                 raw = sync(store_path.get(prototype=prototype))
         except Exception as error:
             raise ChunkReadError(f"could not fetch {where}: {error_text(error)}") from error
         note_store_wait(time.monotonic() - asked)
         if raw is None:  # never written: zarr's fill value
-            values = np.full(self._chunk_shape, metadata.fill_value, self.dtype)
+            values = np.full(self._chunk_shape, fill_value_or_default(specs[0]), self.dtype)
         else:
             data = raw
             try:
@@ -370,3 +412,43 @@ class ZarrChunks:
             )
         values.setflags(write=False)
         return values
+
+
+class V2Decode:
+    """Decode a zarr v2 chunk on the calling thread, as zarr's own ``V2Codec`` does.
+
+    ``V2Codec`` decodes only on zarr's event loop, in threads it starts per chunk;
+    these are its steps (decompress, undo the filters, view as the dtype, reshape
+    in the array's order), for dtypes other than objects.
+
+    Examples
+    --------
+    >>> import numpy as np, zarr
+    >>> from zarr.storage import MemoryStore
+    >>> z = zarr.create_array(MemoryStore(), shape=(6, 5), chunks=(4, 4), dtype="f4", zarr_format=2)
+    >>> z[...] = np.arange(30).reshape(6, 5)
+    >>> chunks = ZarrChunks.of(z)
+    >>> chunks[4:6, 3:5].tolist()
+    [[23.0, 24.0], [28.0, 29.0]]
+    """
+
+    def __init__(self, filters, compressor) -> None:
+        self.filters = tuple(filters or ())
+        self.compressor = compressor
+
+    def resolve_metadata(self, spec):
+        """Return the chunk spec the bytes decode against: the array's own."""
+        return spec
+
+    def _decode_sync(self, data, spec):
+        from numcodecs.compat import ensure_ndarray_like
+        from zarr.registry import get_ndbuffer_class
+
+        chunk = data.as_array_like()
+        if self.compressor:
+            chunk = self.compressor.decode(chunk)
+        for codec in reversed(self.filters):
+            chunk = codec.decode(chunk)
+        chunk = ensure_ndarray_like(chunk).view(spec.dtype.to_native_dtype())
+        chunk = chunk.reshape(-1, order="A").reshape(spec.shape, order=spec.order)
+        return get_ndbuffer_class().from_ndarray_like(chunk)
