@@ -31,7 +31,7 @@ from xpatch.cli.common import DefaultsOnceFormatter, format_sizes, positive_int,
 from xpatch.core.errors import OptionError, XPatchError
 from xpatch.io import write
 from xpatch.io.geotiff import geotiff_layout, stack_bands
-from xpatch.io.inputs import GEOTIFF_SUFFIXES, open_input
+from xpatch.io.inputs import GEOTIFF_SUFFIXES, is_url, open_input
 from xpatch.patcher import Patcher
 from xpatch.xarray.fn_outputs import raised_by_fn
 
@@ -198,7 +198,15 @@ def add_apply_command(commands: argparse._SubParsersAction) -> argparse.Argument
         "--storage-options",
         type=_storage_options,
         default=None,
-        help="fsspec options for an OUTPUT URL, as JSON: '{\"anon\": false}'",
+        help="fsspec options for a URL INPUT or OUTPUT (both, when both are URLs), as JSON: "
+        '\'{"anon": false}\', \'{"client_kwargs": {"endpoint_url": "http://..."}}\'',
+    )
+    apply.add_argument(
+        "--input-storage-options",
+        type=_storage_options,
+        default=None,
+        help="fsspec options for a URL INPUT on another store than OUTPUT's, as JSON "
+        "(default: --storage-options)",
     )
     apply.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     return apply
@@ -335,7 +343,7 @@ def write_output(result: Any, args: argparse.Namespace, format: str = "auto") ->
             resume="force" if args.force_resume else not args.restart,
             overwrite=args.restart,
             progress=not args.no_progress,
-            storage_options=args.storage_options,
+            storage_options=output_storage_options(args),
             break_lock=args.break_lock,
         )
 
@@ -359,6 +367,29 @@ def sigterm_exits() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def output_storage_options(args: argparse.Namespace) -> dict | None:
+    """``--storage-options`` for OUTPUT: None for a local OUTPUT when they serve a URL INPUT."""
+    if is_url(str(args.output)) or not is_url(str(getattr(args, "input", ""))):
+        return args.storage_options  # a local OUTPUT and INPUT: locate refuses them
+    return None
+
+
+def input_storage_options(args: argparse.Namespace, path: str | Path) -> dict | None:
+    """Return INPUT ``path``'s options: ``--input-storage-options``, else ``--storage-options``.
+
+    None for a local path; ``--input-storage-options`` with one is refused.
+    """
+    given = getattr(args, "input_storage_options", None)
+    if not is_url(str(path)):
+        if given:
+            raise OptionError(
+                f"--input-storage-options {json.dumps(given)} were given with the local INPUT "
+                f"{str(path)!r}; they apply to URLs such as 's3://bucket/x.zarr'. Drop them."
+            )
+        return None
+    return given if given is not None else args.storage_options
 
 
 def _storage_options(text: str) -> dict:
@@ -394,7 +425,7 @@ def open_patched_input(
     The dims are ``--dims``, else y and x, else the last two; ``data`` is chunked
     ``--chunks`` along them and whole along the others.
     """
-    data = open_input(path, args.variable, args.chunks)
+    data = open_input(path, args.variable, args.chunks, input_storage_options(args, path))
     if args.dims:
         dims = args.dims.split(",")
     elif isinstance(args.size, dict):
