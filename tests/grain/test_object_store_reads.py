@@ -195,3 +195,52 @@ def test_s3fs_options_obstore_cannot_honour_keep_s3fs(options):
         {"endpoint": "http://127.0.0.1:1", "skip_signature": True},
     )
     assert object_store_module.object_store_of(zarr.storage.MemoryStore(), "") is None
+
+
+def test_a_failed_obstore_fetch_hands_the_array_to_zarrs_store_with_a_warning(options, monkeypatch):
+    url = f"s3://{BUCKET}/{uuid.uuid4().hex[:12]}/c.zarr"
+    values = np.arange(24, dtype="uint16").reshape(4, 6)
+    store = zarr.storage.FsspecStore.from_url(url, storage_options=options, read_only=False)
+    zarr.create_array(store, shape=(4, 6), chunks=(2, 3), dtype="uint16")[...] = values
+    chunks = ZarrChunks.of(
+        zarr.open_array(zarr.storage.FsspecStore.from_url(url, storage_options=options))
+    )
+    calls = []
+
+    def refused(self, key):  # as for an AWS profile obstore does not read
+        calls.append(key)
+        raise PermissionError("403 Forbidden")
+
+    monkeypatch.setattr(ObjectStoreReader, "fetch", refused)
+    with pytest.warns(RuntimeWarning, match="obstore could not read s3://"):
+        np.testing.assert_array_equal(chunks[0:2, 0:3], values[0:2, 0:3])
+    np.testing.assert_array_equal(chunks[0:4, 0:6], values)
+    assert chunks.object_store is None and calls == ["c/0/0"]
+
+
+def test_an_http_zarr_opened_without_options_reads_through_obstore(tmp_path, fetches):
+    import functools
+    import threading
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    class Quiet(SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    values = np.arange(30, dtype="float32").reshape(5, 6)
+    array = zarr.create_array(
+        tmp_path / "h.zarr", shape=(5, 6), chunks=(2, 3), dtype="float32", fill_value=-1
+    )
+    array[:4] = values[:4]  # the last row of chunks is never written
+    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=tmp_path))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}/h.zarr"
+        chunks = ZarrChunks.of(zarr.open_array(zarr.storage.FsspecStore.from_url(url)))
+        expected = values.copy()
+        expected[4] = -1
+        np.testing.assert_array_equal(chunks[0:5, 0:6], expected)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert sorted(fetches) == [f"c/{i}/{j}" for i in range(3) for j in range(2)]

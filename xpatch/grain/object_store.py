@@ -8,8 +8,9 @@ with the lock released, on the thread that asks. :func:`object_store_of` finds a
 obstore store that reaches the same bytes as a zarr array's store: the one inside
 zarr's ``ObjectStore``, or an ``S3Store`` built from an s3fs filesystem's endpoint,
 region and credentials (what ``xr.open_zarr("s3://...", storage_options=...)`` gave
-it). It returns None when obstore is not installed or the store is anything else
-(gcsfs, adlfs, http, s3fs options it does not translate): zarr reads those.
+it), or an ``HTTPStore`` on an ``http(s)://`` URL opened without options. It returns
+None when obstore is not installed or the store is anything else (gcsfs, adlfs, s3fs
+or http options it does not translate): zarr reads those.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-#: s3fs options that say nothing about where the bytes are or who may read them.
-_NEUTRAL_S3FS_OPTIONS = frozenset(
+#: fsspec options that say nothing about where the bytes are or who may read them.
+_NEUTRAL_OPTIONS = frozenset(
     {
         "asynchronous",
         "loop",
@@ -92,7 +93,8 @@ def object_store_of(zarr_store: Any, path: str) -> ObjectStoreReader | None:
     """Return a reader of the array at ``path`` of ``zarr_store`` through obstore, or None.
 
     None when obstore is not installed, or ``zarr_store`` is neither zarr's
-    ``ObjectStore`` nor an ``FsspecStore`` over s3fs whose options it translates.
+    ``ObjectStore`` nor an ``FsspecStore`` over s3fs whose options it translates, or
+    over http(s) without options.
 
     Examples
     --------
@@ -113,7 +115,24 @@ def object_store_of(zarr_store: Any, path: str) -> ObjectStoreReader | None:
         root = f"{str(zarr_store.path).strip('/')}/{path.strip('/')}".strip("/")
         if type(fs).__name__ == "S3FileSystem" and type(fs).__module__.startswith("s3fs"):
             return _s3_reader(fs, root)
+        if type(fs).__name__ == "HTTPFileSystem" and type(fs).__module__.startswith("fsspec"):
+            return _http_reader(fs, f"{str(zarr_store.path).rstrip('/')}/{path.strip('/')}")
     return None
+
+
+def _http_reader(fs: Any, url: str) -> ObjectStoreReader | None:
+    """Return an ``HTTPStore`` reader of ``url``, or None when ``fs`` has options (headers...)."""
+    from obstore.store import HTTPStore
+
+    options = set(getattr(fs, "storage_options", {}) or {}) - _NEUTRAL_OPTIONS
+    if options or not url.lower().startswith(("http://", "https://")):
+        return None  # headers, authentication, a session: fsspec knows what they mean
+    return ObjectStoreReader(
+        build=HTTPStore.from_url,
+        args=(url.rstrip("/"),),
+        kwargs={"client_options": {"allow_http": True}} if url.startswith("http:") else {},
+        description=url,
+    )
 
 
 def _s3_reader(fs: Any, root: str) -> ObjectStoreReader | None:
@@ -123,7 +142,7 @@ def _s3_reader(fs: Any, root: str) -> ObjectStoreReader | None:
     options = dict(getattr(fs, "storage_options", {}) or {})
     client_kwargs = dict(options.pop("client_kwargs", None) or {})
     handled = {"key", "secret", "token", "anon", "endpoint_url", "username", "password"}
-    unknown = set(options) - handled - _NEUTRAL_S3FS_OPTIONS
+    unknown = set(options) - handled - _NEUTRAL_OPTIONS
     if unknown or set(client_kwargs) - _KNOWN_CLIENT_KWARGS:
         return None  # requester pays, a proxy, a profile...: s3fs knows what they mean
     bucket, _, prefix = root.partition("/")
