@@ -63,9 +63,7 @@ def raster() -> xr.Dataset:
 
 
 @pytest.mark.parametrize("flag", ["--storage-options", "--input-storage-options"])
-def test_an_s3_input_gives_what_the_same_local_input_gives(
-    tmp_path, options, model, flag, capsys
-):
+def test_an_s3_input_gives_what_the_same_local_input_gives(tmp_path, options, model, flag, capsys):
     url = f"s3://{BUCKET}/{uuid.uuid4().hex[:12]}/in.zarr"
     raster().to_zarr(url, storage_options=options)
     raster().to_zarr(tmp_path / "in.zarr")
