@@ -405,7 +405,7 @@ class Patcher(Generic[T]):
         anchors = self._layout.plan.anchors
         if not -len(anchors) <= position < len(anchors):
             raise IndexError(f"patch index {position} is out of range for {len(anchors)} patches.")
-        return views.cut(self._layout.reading, anchors[position : position + 1 or None])
+        return views.cut(self._layout, anchors[position : position + 1 or None])
 
     def patch_at(self, anchor: Sequence[int] | Mapping[Hashable, int]) -> T:
         """Return the patch that starts at ``anchor``, with its own coordinate labels.
@@ -428,7 +428,7 @@ class Patcher(Generic[T]):
         anchors = anchor_array(anchor, self._layout.geometry, "anchor")
         if len(anchors) != 1:
             raise GeometryError(f"anchor={anchor!r} must be one start per patched dimension.")
-        return views.cut(self._layout.reading, anchors)
+        return views.cut(self._layout, anchors)
 
     def patches(self) -> T:
         """All patches stacked along a leading ``"patch"`` dim, in the order of :meth:`anchors`.
@@ -451,7 +451,7 @@ class Patcher(Generic[T]):
         >>> da.patch(y=4, x=4).patches().sizes
         Frozen({'patch': 4, 'band': 3, 'y': 4, 'x': 4})
         """
-        return views.cut(self._layout.reading, None)
+        return views.cut(self._layout, None)
 
     # -- reconstruction and inference --------------------------------------------------
 

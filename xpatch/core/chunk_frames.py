@@ -67,6 +67,7 @@ class FrameLayout:
             hi = np.zeros(len(s) - 1, dtype=np.int64)
             a = np.asarray(anchors[:, j], dtype=np.int64) if len(anchors) else np.zeros(0, int)
             stop = np.minimum(a + int(size[j]), s[-1])
+            a = np.maximum(a, 0)  # a halo's window starts before the array: its cells are not
             cross = last > first
             # The block after the first and the first: the two a patch straddles.
             after, then = first[cross] + 1, np.minimum(stop[cross], s[first[cross] + 2])

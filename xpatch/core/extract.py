@@ -22,7 +22,14 @@ from dask.highlevelgraph import HighLevelGraph
 from numpy.lib.stride_tricks import sliding_window_view
 
 from xpatch.core.errors import OptionError
-from xpatch.core.padding import PadMode, gather, index_runs, pad_numpy, source_indices
+from xpatch.core.padding import (
+    PadMode,
+    axis_modes,
+    gather,
+    index_runs,
+    padded_box,
+    source_indices,
+)
 from xpatch.core.plan import Plan, chunk_starts, column_bounds
 from xpatch.core.regroup import take_rows
 
@@ -56,37 +63,13 @@ def check_pad_value(value: object, dtype: np.dtype) -> object:
     return converted.item()
 
 
-def _pad_widths(ndim: int, axes: Sequence[int], after: Sequence[int]) -> list[tuple[int, int]]:
-    widths = [(0, 0)] * ndim
-    for axis, extra in zip(axes, after):
-        widths[axis] = (0, int(extra))
-    return widths
-
-
-def _crop(array, axes: Sequence[int], anchors: np.ndarray, size: Sequence[int]):
-    """Slice ``array`` to the box spanned by the patches at ``anchors``.
-
-    Returns the slice, the anchors relative to it, and per patched axis how many
-    cells must be padded past its end.
-    """
-    lo, top = column_bounds(anchors)
-    hi = top + np.asarray(size)
-    index = [slice(None)] * array.ndim
-    pad_after = []
-    for j, ax in enumerate(axes):
-        stop = min(int(hi[j]), array.shape[ax])
-        index[ax] = slice(int(lo[j]), stop)
-        pad_after.append(int(hi[j]) - stop)
-    return array[tuple(index)], anchors - lo, pad_after
-
-
 def extract_numpy(
     array: np.ndarray,
     axes: Sequence[int],
     anchors: np.ndarray,
     size: Sequence[int],
     pad_value: object = None,
-    pad_mode: PadMode = "constant",
+    pad_mode: PadMode | Sequence[PadMode] = "constant",
 ) -> np.ndarray:
     """Stack the patches of a numpy array (a copy; the input is untouched).
 
@@ -97,14 +80,16 @@ def extract_numpy(
     axes
         Positions of the patched axes; ``anchors`` and ``size`` follow their order.
     anchors
-        ``(n, len(axes))`` start indices.
+        ``(n, len(axes))`` start indices; a window may start before an axis
+        (a halo) or end past it.
     size
         Patch size per patched axis.
     pad_value
-        Fill for cells past the end of an axis (patches of ``boundary="pad"``).
+        Fill of ``"constant"`` positions outside the array.
     pad_mode
-        How cells past the end are filled: ``"constant"`` with ``pad_value``,
-        or :func:`numpy.pad`'s other modes relative to ``array``'s edges.
+        How positions outside the array are filled, once or per patched axis:
+        ``"constant"`` with ``pad_value``, or :func:`numpy.pad`'s other modes
+        relative to ``array``'s edges (``"wrap"`` for a periodic axis).
 
     Examples
     --------
@@ -113,22 +98,20 @@ def extract_numpy(
     [[[0, 1], [4, 5], [8, 9]], [[2, 3], [6, 7], [10, 11]]]
     >>> extract_numpy(np.arange(4), [0], np.array([[2]]), [4], pad_mode="reflect").tolist()
     [[2, 3, 2, 1]]
+    >>> extract_numpy(np.arange(4), [0], np.array([[-1]]), [3], pad_mode="wrap").tolist()
+    [[3, 0, 1]]
     """
     patch_shape = list(array.shape)
     for ax, s in zip(axes, size):
         patch_shape[ax] = s
     if len(anchors) == 0:
         return np.empty((0, *patch_shape), dtype=array.dtype)
-    if pad_mode == "constant":
-        array, anchors, pad_after = _crop(array, axes, anchors, size)
-        if any(pad_after):
-            widths = _pad_widths(array.ndim, axes, pad_after)
-            array = np.pad(array, widths, constant_values=pad_value)
-    else:
-        lo, top = column_bounds(anchors)
-        hi = top + np.asarray(size)
-        array = pad_numpy(array, axes, list(zip(lo.tolist(), hi.tolist())), pad_mode)
-        anchors = anchors - lo
+    # Only the box the patches span is cut (and padded where it leaves the array).
+    lo, top = column_bounds(anchors)
+    hi = top + np.asarray(size)
+    box = list(zip(lo.tolist(), hi.tolist()))
+    array = padded_box(array, axes, box, axis_modes(pad_mode, len(axes)), pad_value)
+    anchors = anchors - lo
     k = len(axes)
     front = np.moveaxis(array, list(axes), list(range(k)))
     views = sliding_window_view(front, tuple(size), axis=tuple(range(k)))
@@ -292,7 +275,7 @@ def group_reads(
     axes: Sequence[int],
     plan: Plan,
     whole_axes: Sequence[int] = (),
-    pad_mode: PadMode = "constant",
+    pad_mode: PadMode | Sequence[PadMode] = "constant",
 ) -> Iterator[tuple[int, tuple[int, ...], list, list, np.ndarray, tuple]]:
     """For each group of the plan, the input blocks it reads.
 
@@ -308,28 +291,38 @@ def group_reads(
     region those parts cover, and ``takes``: ``(axis, index)`` pairs that
     rearrange the joined parts into the padded region.
 
-    With ``pad_mode="constant"`` the parts are the region clipped to the array
-    (``takes`` is empty; the cells past the end are filled later). With another
-    mode, a group whose patches pass an axis's end also reads the cells they
-    repeat (:func:`~xpatch.core.padding.source_indices`), from whichever chunks
-    hold them (the first ones for ``"wrap"``), and ``takes`` places them.
+    Windows may start before an axis and end past it. Along a ``"constant"``
+    axis (``pad_mode`` is one mode or one per patched axis) the parts are the
+    region clipped to the array (the task fills the rest; local anchors may be
+    negative). Along an axis of another mode, a group whose patches leave the
+    array also reads the cells they repeat
+    (:func:`~xpatch.core.padding.source_indices`), from whichever chunks hold them
+    (the other end's for ``"wrap"``), and ``takes`` places them.
     """
     axes = [int(a) for a in axes]
     carried = [ax for ax in range(array.ndim) if ax not in axes]
     split = [ax for ax in carried if ax not in whole_axes]
     starts = [chunk_starts(c) for c in array.chunks]
     size = np.asarray(plan.size)
-    for g, (origin, shape) in enumerate(plan.boxes):
-        local = plan.group_anchors(g) - np.asarray(origin)
-        # The box's true end: plan.boxes clips it to the array.
-        reach = dict(zip(axes, (column_bounds(local)[1] + size + np.asarray(origin)).tolist()))
-        runs = {ax: [(o, o + n)] for ax, o, n in zip(axes, origin, shape)}
+    modes = axis_modes(pad_mode, len(axes))
+    for g in range(len(plan.groups)):
+        anchors = plan.group_anchors(g)
+        low, top = column_bounds(anchors)
+        runs: dict[int, list[tuple[int, int]]] = {}
         takes = []
-        for ax, o in zip(axes, origin):
-            if pad_mode != "constant" and reach[ax] > array.shape[ax]:
-                source = source_indices(o, reach[ax], array.shape[ax], pad_mode)
-                runs[ax] = index_runs(source)
-                takes.append((ax, gather(source, runs[ax])))
+        first = []
+        for ax, lo, hi, mode in zip(axes, low.tolist(), (top + size).tolist(), modes):
+            n = array.shape[ax]
+            if (lo >= 0 and hi <= n) or mode == "constant":
+                # The cells inside the array; the task fills the rest with the pad value.
+                runs[ax] = [(max(lo, 0), min(hi, n))]
+                first.append(max(lo, 0))
+                continue
+            source = source_indices(lo, hi, n, mode)
+            runs[ax] = index_runs(source)
+            takes.append((ax, gather(source, runs[ax])))
+            first.append(lo)
+        local = anchors - np.asarray(first, dtype=anchors.dtype)
         ranges: list[Sequence[int]] = []
         crops: list[list[slice]] = []
         for ax in range(array.ndim):
@@ -362,7 +355,7 @@ def extract_dask(
     axes: Sequence[int],
     plan: Plan,
     pad_value: object = None,
-    pad_mode: PadMode = "constant",
+    pad_mode: PadMode | Sequence[PadMode] = "constant",
 ) -> da.Array:
     """Stack the patches of a dask array lazily, one task per group of the plan.
 
@@ -389,7 +382,8 @@ def extract_dask(
     axes = [int(a) for a in axes]
     # The mode enters the name only when it is not the default, so that graphs
     # (and resumed writes) of constant padding keep the names they had.
-    padding = pad_value if pad_mode == "constant" else (pad_value, pad_mode)
+    modes = axis_modes(pad_mode, len(axes))
+    padding = pad_value if set(modes) == {"constant"} else (pad_value, modes)
     token = tokenize(array, axes, plan, padding)
     name = f"xpatch-patches-{token}"
     layer: dict = {}

@@ -1,16 +1,17 @@
-"""Padding modes of ``boundary="pad"``: which input cell a cell past the edge repeats.
+"""Padding modes: which input cell a position outside an axis shows.
 
-``pad_mode="constant"`` fills the cells past an axis's end with ``pad_value``.
-The other modes copy input cells, with :func:`numpy.pad`'s meanings relative to
-the whole array's edges (not to a chunk's): :func:`source_indices` maps every
-position of a patch to the input cell it shows, and :func:`index_runs` splits
-those cells into contiguous runs, so that a reader fetches only the chunks that
-hold them (for ``"wrap"``, the array's first cells).
+A read window may start before an axis (a halo) and end past it (a halo, or a
+patch of ``boundary="pad"``). ``pad_mode="constant"`` fills those positions with
+``pad_value``. The other modes copy input cells, with :func:`numpy.pad`'s
+meanings relative to the whole array's edges (not to a chunk's); a periodic dim
+reads as ``"wrap"``. :func:`source_indices` maps every position of a window to
+the input cell it shows, and :func:`index_runs` splits those cells into
+contiguous runs, so that a reader fetches only the chunks that hold them (for
+``"wrap"``, the cells at the other end).
 
-Patches start inside the array (anchors are never negative), so only the end
-of an axis is ever padded; for that case the formulas below equal
-:func:`numpy.pad` exactly, including its repeated reflection when the pad is
-longer than the array.
+The formulas equal :func:`numpy.pad` exactly on both sides, including its
+repeated reflection when the pad is longer than the array. A mode is given once
+for every axis, or per patched axis (:func:`axis_modes`).
 """
 
 from __future__ import annotations
@@ -58,22 +59,41 @@ def check_pad_mode(pad_mode: object, boundary: str, pad_value: object) -> PadMod
     return pad_mode  # type: ignore[return-value]
 
 
+def axis_modes(pad_mode: PadMode | Sequence[PadMode], k: int) -> tuple[PadMode, ...]:
+    """Return ``pad_mode`` as one mode per patched axis (``k`` of them).
+
+    Examples
+    --------
+    >>> axis_modes("edge", 2), axis_modes(("wrap", "constant"), 2)
+    (('edge', 'edge'), ('wrap', 'constant'))
+    """
+    if isinstance(pad_mode, str):
+        return (pad_mode,) * k  # type: ignore[return-value]
+    modes = tuple(pad_mode)
+    if len(modes) != k:
+        raise ValueError(f"pad_mode={pad_mode!r} gives {len(modes)} modes for {k} patched axes")
+    return modes
+
+
 def source_indices(start: int, stop: int, n: int, mode: PadMode) -> np.ndarray:
     """Input index shown at each position of ``[start, stop)`` along an axis of length ``n``.
 
-    Positions past ``n`` follow ``mode`` as :func:`numpy.pad` does with
-    ``pad_width=(0, stop - n)`` (``"constant"`` has no input cell there: -1).
+    Positions before 0 and past ``n`` follow ``mode`` as :func:`numpy.pad` does
+    with ``pad_width=(-start, stop - n)`` (``"constant"`` has no input cell
+    there: -1).
 
     Examples
     --------
     >>> source_indices(2, 9, 4, "reflect").tolist()
     [2, 3, 2, 1, 0, 1, 2]
-    >>> source_indices(2, 9, 4, "wrap").tolist()
-    [2, 3, 0, 1, 2, 3, 0]
+    >>> source_indices(-3, 6, 4, "wrap").tolist()
+    [1, 2, 3, 0, 1, 2, 3, 0, 1]
+    >>> source_indices(-2, 5, 4, "constant").tolist()
+    [-1, -1, 0, 1, 2, 3, -1]
     """
     i = np.arange(start, stop, dtype=np.int64)
     if mode == "edge":
-        return np.minimum(i, n - 1)
+        return np.clip(i, 0, n - 1)
     if mode == "wrap":
         return i % n
     if mode == "symmetric":
@@ -85,18 +105,21 @@ def source_indices(start: int, stop: int, n: int, mode: PadMode) -> np.ndarray:
         period = 2 * (n - 1)
         j = i % period
         return np.where(j < n, j, period - j)
-    return np.where(i < n, i, -1)
+    return np.where((i >= 0) & (i < n), i, -1)
 
 
 def index_runs(indices: np.ndarray) -> list[tuple[int, int]]:
-    """Return the distinct values of ``indices`` as sorted ``[start, stop)`` runs.
+    """Return the distinct input cells of ``indices`` as sorted ``[start, stop)`` runs.
+
+    -1 (a constant fill, no input cell) is left out.
 
     Examples
     --------
-    >>> index_runs(np.array([5, 6, 7, 6, 0, 1]))
+    >>> index_runs(np.array([5, 6, 7, 6, 0, 1, -1]))
     [(0, 2), (5, 8)]
     """
     values = np.unique(indices)
+    values = values[values >= 0]
     if not len(values):
         return []
     breaks = np.flatnonzero(np.diff(values) > 1) + 1
@@ -117,22 +140,36 @@ def gather(indices: np.ndarray, runs: Sequence[tuple[int, int]]) -> np.ndarray:
     return offsets[run] + indices - starts[run]
 
 
-def pad_numpy(
-    array: np.ndarray, axes: Sequence[int], box: Sequence[tuple[int, int]], mode: PadMode
+def padded_box(
+    array: np.ndarray,
+    axes: Sequence[int],
+    box: Sequence[tuple[int, int]],
+    modes: Sequence[PadMode],
+    fill: object = None,
 ) -> np.ndarray:
-    """Return the cells of ``box`` (``[start, stop)`` per patched axis) padded in ``mode``.
+    """Return the cells of ``box`` (``[start, stop)`` per patched axis), padded per axis.
+
+    Positions outside the array show the cell ``modes[j]`` says, or ``fill``
+    for ``"constant"``. Axes that stay inside are sliced (a view).
 
     Examples
     --------
-    >>> pad_numpy(np.arange(4), [0], [(1, 7)], "symmetric").tolist()
+    >>> padded_box(np.arange(4), [0], [(1, 7)], ["symmetric"]).tolist()
     [1, 2, 3, 3, 2, 1]
+    >>> padded_box(np.arange(4), [0], [(-2, 3)], ["constant"], fill=9).tolist()
+    [9, 9, 0, 1, 2]
     """
-    for ax, (lo, hi) in zip(axes, box):
+    for ax, (lo, hi), mode in zip(axes, box, modes):
         n = array.shape[ax]
-        if hi <= n:  # a view: no copy for the axes that stay inside
-            index = [slice(None)] * array.ndim
+        index = [slice(None)] * array.ndim
+        if lo >= 0 and hi <= n:  # a view: no copy for the axes that stay inside
             index[ax] = slice(lo, hi)
             array = array[tuple(index)]
+        elif mode == "constant":
+            index[ax] = slice(max(lo, 0), min(hi, n))
+            widths = [(0, 0)] * array.ndim
+            widths[ax] = (min(max(-lo, 0), hi - lo), min(max(hi - n, 0), hi - lo))
+            array = np.pad(array[tuple(index)], widths, constant_values=fill)
         else:
             array = np.take(array, source_indices(lo, hi, n, mode), axis=ax)
     return array
@@ -143,25 +180,32 @@ def fill_padded(
     axes: Sequence[int],
     anchor: Sequence[int],
     extents: Sequence[int],
-    mode: PadMode,
+    mode: PadMode | Sequence[PadMode],
     read: Callable[[list[tuple[int, int]]], np.ndarray],
 ) -> np.ndarray:
-    """Fill the patch ``out`` at ``anchor`` in ``mode``, reading input boxes with ``read``.
+    """Fill the patch ``out`` at ``anchor`` as ``mode`` says, reading input boxes with ``read``.
 
     ``read(box)`` returns the input cells of ``box`` (``[start, stop)`` per
     patched axis, inside the array) with every other axis whole. It is called
     once per combination of the runs of cells the patch shows (one box for a
     patch inside the array; two along an axis that ``"wrap"`` continues from
-    the start), so a chunked reader fetches only the chunks that hold them.
+    the other end), so a chunked reader fetches only the chunks that hold them.
+    Positions of a ``"constant"`` axis outside the array are left as ``out``
+    holds them (the caller fills ``out`` with the pad value first).
 
     Examples
     --------
     >>> a = np.arange(6)
-    >>> fill_padded(np.empty(4, int), [0], [4], [6], "wrap", lambda b: a[b[0][0]:b[0][1]]).tolist()
+    >>> read = lambda box: a[box[0][0] : box[0][1]]
+    >>> fill_padded(np.empty(4, int), [0], [4], [6], "wrap", read).tolist()
     [4, 5, 0, 1]
+    >>> fill_padded(np.full(4, 9), [0], [-2], [6], "constant", read).tolist()
+    [9, 9, 0, 1]
     """
+    modes = axis_modes(mode, len(axes))
     sources = [
-        source_indices(a, a + out.shape[ax], n, mode) for ax, a, n in zip(axes, anchor, extents)
+        source_indices(a, a + out.shape[ax], n, m)
+        for ax, a, n, m in zip(axes, anchor, extents, modes)
     ]
     for box in itertools.product(*(index_runs(s) for s in sources)):
         values = read(list(box))

@@ -151,8 +151,8 @@ class ChunkGrid:
         """Block indices of the chunks that the patch at ``anchor`` overlaps."""
         ranges = []
         for starts, lo, extent in zip(self.starts, anchor, size):
-            lo = int(lo)
-            hi = min(lo + int(extent), starts[-1])
+            hi = min(int(lo) + int(extent), starts[-1])
+            lo = max(int(lo), 0)  # a halo's window starts before the array
             # bisect on the tuple of starts: a few microseconds, a fraction of numpy's call.
             ranges.append(range(bisect_right(starts, lo) - 1, bisect_left(starts, hi)))
         return list(itertools.product(*ranges))

@@ -27,7 +27,7 @@ from xpatch.core.chunk_frames import (
     frame_bytes,
 )
 from xpatch.core.extract import check_pad_value
-from xpatch.core.padding import fill_padded
+from xpatch.core.padding import PadMode, axis_modes, fill_padded
 from xpatch.core.plan import ChunkGrid
 from xpatch.core.sweep import chunk_uses
 from xpatch.grain.zarr_chunks import (
@@ -123,7 +123,8 @@ class PatchReader:
     size, shape
         Patch size and array extent per patched dim.
     pad_mode
-        How cells past the array's edge are filled.
+        How cells outside the array are filled: one mode, or one per patched dim
+        (``"wrap"`` along a periodic dim).
     window
         The blending window, float32, of the patch's shape.
     cache_bytes
@@ -137,7 +138,7 @@ class PatchReader:
         anchors: np.ndarray,
         size: Sequence[int],
         shape: Sequence[int],
-        pad_mode: str,
+        pad_mode: PadMode | Sequence[PadMode],
         window: np.ndarray,
         cache_bytes: int,
     ) -> None:
@@ -145,7 +146,7 @@ class PatchReader:
         self.grid = grid
         self.size = list(size)
         self.shape = list(shape)
-        self.pad_mode = pad_mode
+        self.pad_mode = axis_modes(pad_mode, len(self.size))
         self.window = window
         self.cache_bytes = int(cache_bytes)
         self.frames: FrameLayout | None = None  # set when frames are kept
@@ -169,7 +170,9 @@ class PatchReader:
         self._blocks: list[tuple[int, ...]] = []
         if grid is not None and len(anchors) and all(plan.lazy for plan in self.plans):
             touched = grid.touched_ids(anchors, size)
-            inside = np.all(anchors + np.asarray(size) <= np.asarray(shape), axis=1)
+            inside = np.all(anchors >= 0, axis=1) & np.all(
+                anchors + np.asarray(size) <= np.asarray(shape), axis=1
+            )
             alone = inside & np.all(touched[:, 1:] < 0, axis=1)
             self._alone[alone] = touched[alone, 0]
             self._blocks = [tuple(int(i) for i in b) for b in grid.blocks()]
@@ -182,6 +185,7 @@ class PatchReader:
     def __setstate__(self, state: dict) -> None:
         # Readers pickled before the in-order reads lack their (per-process) state.
         state = {"_last_position": -2, "_streak": 0, "_in_order": False, **state}
+        state["pad_mode"] = axis_modes(state["pad_mode"], len(state["size"]))
         state["_last_uses"] = state.get("_last_uses")
         self.__dict__.update(state)
         self.cache = ChunkCache(self.cache_bytes, self.frame_of if self.frames else None)
@@ -483,11 +487,18 @@ class PatchReader:
 
     def _cut(self, plan: VariablePlan, anchor: tuple[int, ...], pieces: list) -> np.ndarray:
         local = [anchor[j] for j in plan.columns]
-        inside = all(a + s <= n for a, s, n in zip(local, plan.patch_size, plan.extents))
-        if not inside and self.pad_mode != "constant":  # cells repeated from the input
-            out = np.empty(plan.patch_shape, plan.dtype)
+        inside = all(0 <= a and a + s <= n for a, s, n in zip(local, plan.patch_size, plan.extents))
+        modes = [self.pad_mode[j] for j in plan.columns]
+        if not inside and (min(local) < 0 or any(m != "constant" for m in modes)):
+            # A halo before the array, or cells repeated (wrapped) from the input.
+            constant = any(m == "constant" for m in modes)
+            out = (
+                np.full(plan.patch_shape, plan.pad_value, plan.dtype)
+                if constant
+                else np.empty(plan.patch_shape, plan.dtype)
+            )
             read = lambda box: self._read_box(plan, anchor, box)  # noqa: E731
-            return fill_padded(out, plan.axes, local, plan.extents, self.pad_mode, read)
+            return fill_padded(out, plan.axes, local, plan.extents, modes, read)
         out = (
             np.empty(plan.patch_shape, plan.dtype)
             if inside

@@ -152,7 +152,9 @@ class PatchSource(Source):
         plans = [
             VariablePlan(name, var, dims, size, layout.pad_value) for name, var in chosen.items()
         ]
-        anchors = layout.plan.anchors
+        # The items' anchors are the windows'; their cells are read from a halo before.
+        anchors = inner.plan.anchors
+        read_anchors = layout.plan.anchors
         # The plan's chunks (the input's, which order the patches) are the ones
         # cached, so that a pass in patch order reads chunk after chunk.
         lazy = any(plan.lazy for plan in plans)
@@ -162,22 +164,27 @@ class PatchSource(Source):
         self._plans = plans
         self._anchors = anchors
         self._anchor_tuples = [tuple(row) for row in anchors.tolist()]
+        self._read_anchors = read_anchors
+        self._read_tuples = (
+            self._anchor_tuples
+            if read_anchors is anchors
+            else [tuple(row) for row in read_anchors.tolist()]
+        )
         self._pad_mode = layout.pad_mode
         self._with_weights = bool(weights)
         self._reader = PatchReader(
             plans,
             layout.plan.grid if lazy else None,
-            anchors,
+            read_anchors,
             size,
-            # Where the array ends in the grown patches' frame: weights are 0 past it.
-            tuple(n + h for n, h in zip(inner.geometry.shape, inner.halo or (0,) * len(size))),
-            layout.pad_mode,
+            inner.geometry.shape,
+            layout.axis_pad_modes(),
             layout.blend_window.values.astype(np.float32),
             int(cache_bytes),
         )
         self._transforms = None
         if transform:
-            self._transforms = patch_transforms(obj, dims, anchors)
+            self._transforms = patch_transforms(obj, dims, read_anchors)
             if self._transforms is None:
                 raise OptionError(
                     "transform=True needs a raster: y and x dims with regularly spaced numeric "
@@ -199,11 +206,11 @@ class PatchSource(Source):
         if not -n <= position < n:
             raise IndexError(f"patch index {position} is out of range for {n} patches.")
         position %= n
-        anchor = self._anchor_tuples[position]
-        item = self._reader.read(position, anchor)
+        read_at = self._read_tuples[position]
+        item = self._reader.read(position, read_at)
         if self._with_weights:
-            item["weights"] = self._reader.weights(anchor)
-        item["anchor"] = np.array(anchor, dtype=np.int64)
+            item["weights"] = self._reader.weights(read_at)
+        item["anchor"] = np.array(self._anchor_tuples[position], dtype=np.int64)
         item["index"] = np.int64(position)
         if self._transforms is not None:
             item["transform"] = self._transforms[position].copy()
@@ -290,7 +297,7 @@ class PatchSource(Source):
         grid = self._reader.grid
         if grid is None:
             return np.zeros((len(self), 1), dtype=np.int64)
-        return grid.touched_ids(self._anchors, self._reader.size)
+        return grid.touched_ids(self._read_anchors, self._reader.size)
 
     def shuffle_groups(self) -> np.ndarray:
         """Return the groups :meth:`chunk_shuffle` visits: a chunk per patch, or all it touches.

@@ -367,10 +367,11 @@ def apply(
     if names is not None:
         check_output_layout(layout, output_dims, names)
     carried = [d for d in obj.dims if d not in layout.dims]
-    # With a halo, fn sees the patches of the grown layout (the object padded by it),
-    # and the inner windows blend onto the original grid: the output has a plan of its own.
+    # With a halo, fn sees the patches of the grown layout (windows grown by it, read
+    # past the edges as the pad modes say), and the inner windows blend onto the grid.
     reading = layout.reading
-    data = reading.obj.transpose(*carried, *layout.dims).data
+    data = obj.transpose(*carried, *layout.dims).data
+    modes = reading.axis_pad_modes()
     outputs = {n: Output(tuple(int(s) for s in o.dims.values()), o.dtype) for n, o in specs.items()}
     inference = InferenceSetup(
         fn,
@@ -379,7 +380,7 @@ def apply(
         grid.window,
         reduce.blend,
         pad_value=check_pad_value(layout.pad_value, obj.dtype),
-        pad_mode=reading.pad_mode,
+        pad_mode=modes[0] if len(set(modes)) == 1 else modes,
         pad_batch=bool(pad_batch),
         weight_key=weight_key,
         halo=output_halo(layout, out_patch) if reading is not layout else (),

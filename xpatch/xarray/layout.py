@@ -11,7 +11,7 @@ that do not need the object.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -21,10 +21,9 @@ import xarray as xr
 from xpatch.core.errors import DimensionError, GeometryError, OptionError, UncoveredCellsWarning
 from xpatch.core.geometry import AxisBoundary, Geometry
 from xpatch.core.padding import PadMode, check_pad_mode
-from xpatch.core.plan import Plan, max_group_size
+from xpatch.core.plan import Plan, frozen_array, max_group_size
 from xpatch.core.samplers import Anchors, AtLabels, RegularGrid, Sampler, index_positions
 from xpatch.core.windows import BlendWindow, WindowSpec, make_window
-from xpatch.xarray.padded import padded_object
 from xpatch.xarray.samplers import ObjectSampler
 from xpatch.xarray.variables import (
     is_dask_backed,
@@ -128,9 +127,13 @@ class Layout(Generic[T]):
         Cells read on each side of a patch beyond its window, per patched dim
         (zeros: none). The window (size, stride, boundary) is the kept part.
     grown
-        With a halo, the layout patches are read through (:attr:`reading`): the
-        object padded by the halo (as ``pad_mode`` says) and the same anchors
-        with the grown size; None without one.
+        With a halo, pad modes per dim or a periodic dim, the layout patches are
+        read through (:attr:`reading`): the same object, each window grown by
+        the halo, positions outside the array read as ``pad_mode`` says per dim
+        (:func:`grown_layout`); None otherwise.
+    margin
+        Of a :attr:`reading` layout: the halo its windows start before the
+        patches' (empty, or zeros, for a layout of windows).
 
     Examples
     --------
@@ -152,6 +155,7 @@ class Layout(Generic[T]):
     plan: Plan
     halo: tuple[int, ...] = ()
     grown: Layout | None = None
+    margin: tuple[int, ...] = ()
 
     @classmethod
     def build(
@@ -233,8 +237,8 @@ class Layout(Generic[T]):
             plan,
             halo,
         )
-        # Dims padded differently, and periodic dims, are read from the object padded
-        # once, dim by dim (a periodic dim wrapped).
+        # Dims padded differently, and periodic dims, are read through a layout whose
+        # windows carry the halo and one pad mode per dim (a periodic dim's is "wrap").
         grown = any(halo) or not isinstance(pad_mode, str) or bool(periodic)
         return replace(layout, grown=grown_layout(layout)) if grown else layout
 
@@ -242,6 +246,30 @@ class Layout(Generic[T]):
     def reading(self) -> Layout[T]:
         """The layout patches are read through: :attr:`grown` with a halo, else this one."""
         return self if self.grown is None else self.grown
+
+    def axis_pad_modes(self, columns: Sequence[int] | None = None) -> tuple[PadMode, ...]:
+        """Return the pad mode of each patched dim (of ``columns`` of them), as the core reads it.
+
+        Examples
+        --------
+        >>> import numpy as np, xarray as xr
+        >>> da = xr.DataArray(np.zeros((4, 6)), dims=("y", "x"))
+        >>> Layout.build(da, {"y": 2, "x": 3}, None, LayoutOptions(
+        ...     boundary={"y": "pad", "x": "periodic"}, pad_mode="edge")).axis_pad_modes()
+        ('edge', 'wrap')
+        """
+        columns = range(len(self.dims)) if columns is None else columns
+        mode = self.pad_mode
+        if isinstance(mode, str):
+            return tuple(mode for _ in columns)  # type: ignore[misc]
+        return tuple(mode.get(self.dims[j], "constant") for j in columns)
+
+    def read_anchors(self, anchors: np.ndarray) -> np.ndarray:
+        """Where the patches at window ``anchors`` start as :attr:`reading` reads them."""
+        reading = self.reading
+        if not any(reading.margin):
+            return anchors
+        return np.asarray(anchors) - np.asarray(reading.margin, dtype=np.int64)
 
     @property
     def dims(self) -> tuple[Hashable, ...]:
@@ -483,38 +511,33 @@ def check_halo(halo: object, dims: tuple[Hashable, ...]) -> tuple[int, ...]:
 
 
 def grown_layout(layout: Layout) -> Layout:
-    """Return ``layout`` read with its halo: the object padded, the patches grown.
+    """Return ``layout`` as its patches are read: windows grown by the halo, modes per dim.
 
-    The object is padded by the halo on both sides of each patched dim (and past
-    the end by what patches of ``boundary="pad"`` overhang), as ``pad_mode`` says
-    (numpy.pad's meanings on each side), lazily for dask input. The anchors keep
-    their numbers: in the padded object a grown patch starts where the window
-    does in the original. Dimension labels go on past both ends at their step.
+    The same object, no copy of it: each read window is ``[a - halo, a + size + halo)``
+    (:attr:`Layout.margin` holds the halo), and the core reads the positions it
+    has outside the array as ``pad_mode`` says per dim (a periodic dim wrapped:
+    :func:`~xpatch.core.padding.source_indices`). The windows' plan keeps its
+    groups and order, so that patches are read chunk by chunk as before.
     """
     geometry, halo = layout.geometry, layout.halo
-    anchors = layout.plan.anchors
-    ends = anchors.max(axis=0) + np.asarray(geometry.size) if len(anchors) else geometry.size
-    widths = {
-        d: (h, h + max(0, int(end) - n))
-        for d, h, end, n in zip(geometry.dims, halo, ends, geometry.shape)
-    }
-    obj = padded_object(layout.obj, widths, layout.pad_mode, layout.pad_value)
     size = tuple(s + 2 * h for s, h in zip(geometry.size, halo))
-    shape = tuple(obj.sizes[d] for d in geometry.dims)
-    grown = Geometry(geometry.dims, shape, size, geometry.stride, ("shift",) * len(shape))
-    grid = plan_grid(patched_variables(obj, geometry.dims), geometry.dims, shape)
-    plan = Plan(grid, size, anchors, layout.plan.order, layout.plan.groups)
+    boundaries = tuple(b if geometry.wraps(j) else "pad" for j, b in enumerate(geometry.boundaries))
+    grown = Geometry(geometry.dims, geometry.shape, size, geometry.stride, boundaries)
+    plan = layout.plan
+    anchors = frozen_array(plan.anchors - np.asarray(halo)) if any(halo) else plan.anchors
+    plan = Plan(plan.grid, size, anchors, plan.order, plan.groups)
     # The halo is read, not kept: its cells weigh nothing.
     window = np.pad(layout.blend_window.values, [(h, h) for h in halo])
+    modes = dict(zip(geometry.dims, layout.axis_pad_modes()))
     return replace(
         layout,
-        obj=obj,
         geometry=grown,
         blend_window=BlendWindow.of(window),
-        pad_mode="constant",
+        pad_mode=next(iter(set(modes.values()))) if len(set(modes.values())) == 1 else modes,
         plan=plan,
         halo=(0,) * len(halo),
         grown=None,
+        margin=tuple(halo),
     )
 
 

@@ -9,17 +9,14 @@ the patches and their copies, cropped to the grid, is then the periodic blend of
 and through every ``apply`` option: each value lands once on its own cell and
 every reduction combines as it does anywhere else.
 
-The blend runs on the object extended along its periodic dims by the cells the
-copies and the halo reach, repeated from the other side (as a read with
-``pad_mode="wrap"`` would see them), then is cropped back to the object's cells.
+The blend runs on the object itself: a copy starts before the grid (a negative
+anchor) and is read through the wrapped indices like any window past the seam;
+every blend crops patches to the grid.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Hashable
 from dataclasses import dataclass, replace
-from fractions import Fraction
 from typing import Any
 
 import dask.array as da
@@ -27,11 +24,10 @@ import numpy as np
 import xarray as xr
 
 from xpatch.core.geometry import wrapped_copies
+from xpatch.core.plan import Plan
 from xpatch.xarray.apply import ApplyOptions, BatchFunction
 from xpatch.xarray.apply import apply as apply_layout
-from xpatch.xarray.georef import grid_mapping_name, transform_of, with_transform
-from xpatch.xarray.layout import Layout, layout_of
-from xpatch.xarray.padded import padded_object
+from xpatch.xarray.layout import Layout, grown_layout, layout_of
 from xpatch.xarray.reconstruct import prediction_rows
 from xpatch.xarray.reconstruct import reconstruct as reconstruct_layout
 from xpatch.xarray.views import PATCH_DIM
@@ -44,43 +40,33 @@ class SeamBlend:
     Attributes
     ----------
     layout
-        The layout over the object extended along the periodic dims, whose
-        anchors are the patches' (in their order) then their copies'.
+        The layout whose anchors are the patches' (in their order) then their
+        copies' (a turn back: before the grid).
     rows
         The patch each copy repeats.
-    before
-        Cells added before the start of each periodic dim.
     """
 
     layout: Layout
     rows: np.ndarray
-    before: dict[Hashable, int]
 
     @classmethod
     def of(cls, layout: Layout) -> SeamBlend:
         """Build the blend of a layout with periodic dims."""
         g = layout.geometry
-        axes = g.periodic_axes
         anchors = layout.plan.anchors
-        rows, copies = wrapped_copies(anchors, g.size, g.shape, axes)
-        every = np.concatenate([anchors, copies]) if len(copies) else anchors
-        widths, before = {}, {}
-        for j in axes:
-            d, n, h = g.dims[j], g.shape[j], layout.halo[j]
-            low = int(max(0, -every[:, j].min())) if len(every) else 0
-            high = int(max(0, (every[:, j] + g.size[j]).max() - n)) if len(every) else 0
-            widths[d] = (low + h, high + h)
-            before[d] = low + h
-        extended = padded_object(layout.obj, widths, "wrap", None)
-        shift = np.array([before.get(d, 0) for d in g.dims], dtype=np.int64)
-        # The extended object has no seam left: its periodic dims end there.
-        ended = {
-            d: "shift" if g.wraps(j) else m for j, (d, m) in enumerate(zip(g.dims, g.boundaries))
-        }
-        blend = layout.over(
-            extended, every + shift, boundary=ended, pad_mode=_ended_pad_mode(layout)
+        rows, copies = wrapped_copies(anchors, g.size, g.shape, g.periodic_axes)
+        if not len(copies):
+            return cls(layout, rows)
+        every = np.concatenate([anchors, copies])
+        # The copies start before the grid (negative anchors): the blend crops every
+        # patch to the grid, so the part a patch runs past the seam lands at the start.
+        plan = Plan.compile(
+            every, layout.plan.grid, g.size, keep_order=True, max_group=_group_limit(layout)
         )
-        return cls(blend, rows, before)
+        blend = replace(layout, plan=plan, grown=None)
+        if layout.grown is not None:
+            blend = replace(blend, grown=grown_layout(blend))
+        return cls(blend, rows)
 
     def expand(self, values: Any) -> Any:
         """Return ``values`` (a row per patch: ``"patch"`` or axis 0) and the copies' rows."""
@@ -97,39 +83,10 @@ class SeamBlend:
             return values
         return np.concatenate([array, array[self.rows]], axis=0)
 
-    def crop(self, result: Any, extended: Layout, original: Layout) -> Any:
-        """Return ``result``, on the extended grid, cropped to the object's cells (any scale)."""
-        if isinstance(result, dict):
-            return {k: self.crop(v, extended, original) for k, v in result.items()}
-        crop = {}
-        for d, low in self.before.items():
-            if d not in result.dims:
-                continue
-            factor = Fraction(result.sizes[d], extended.obj.sizes[d])  # the output's scale
-            first, stop = low * factor, (low + original.obj.sizes[d]) * factor
-            crop[d] = slice(math.floor(first), math.floor(stop))
-        out = result.isel(crop)
-        for d in crop:
-            if out.sizes[d] == original.obj.sizes[d] and d in original.obj.coords:
-                out = out.assign_coords({d: original.obj[d]})
-        if grid_mapping_name(out) is not None:
-            transform = transform_of(out)
-            if transform is not None:
-                out = with_transform(out, transform)
-        return out
 
-
-def _ended_pad_mode(layout: Layout) -> Any:
-    # The extended object has no seam left to read across: its periodic dims end.
-    mode = layout.pad_mode
-    if not isinstance(mode, dict):
-        return mode
-    periodic = set(layout.periodic)
-    ended = {d: m for d, m in mode.items() if d not in periodic}
-    modes = set(ended.values())
-    if len(modes) <= 1:
-        return modes.pop() if modes else "constant"
-    return ended
+def _group_limit(layout: Layout) -> int:
+    # The copies' groups are no larger than the patches' (a task's bytes stay bounded).
+    return max((stop - start for start, stop in layout.plan.groups), default=1)
 
 
 def in_layout_order(layout: Layout, pred: Any, weights: Any) -> tuple[Any, Any]:
@@ -172,8 +129,7 @@ def reconstruct_across(
     pred, weights = in_layout_order(layout, pred, weights)
     pred = blend.expand(pred)
     weights = None if weights is None else blend.expand(weights)
-    out = reconstruct_layout(blend.layout, pred, reduce, weights=weights, scale=scale)
-    return blend.crop(out, blend.layout, layout)
+    return reconstruct_layout(blend.layout, pred, reduce, weights=weights, scale=scale)
 
 
 def apply_across(laid: Any, fn: BatchFunction, options: ApplyOptions) -> Any:
@@ -189,5 +145,4 @@ def apply_across(laid: Any, fn: BatchFunction, options: ApplyOptions) -> Any:
         if isinstance(weights, xr.DataArray):
             weights = weights.data
         options = replace(options, weights=blend.expand(np.asarray(weights)))
-    out = apply_layout(blend.layout, fn, options)
-    return blend.crop(out, blend.layout, layout)
+    return apply_layout(blend.layout, fn, options)

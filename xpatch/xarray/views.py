@@ -15,7 +15,6 @@ import xarray as xr
 
 from xpatch.core.errors import GeometryError
 from xpatch.core.extract import extract_dask, extract_numpy
-from xpatch.core.padding import PadMode
 from xpatch.core.plan import ChunkGrid, Plan
 from xpatch.xarray.georef import grid_mapping_name, patch_transforms, to_gdal, with_transform
 from xpatch.xarray.layout import Layout
@@ -28,25 +27,32 @@ from xpatch.xarray.variables import (
 PATCH_DIM = "patch"
 
 
-def extended_labels(values: np.ndarray, start: int, size: int) -> np.ndarray:
-    """Coordinate labels of ``[start, start + size)``, extrapolated past the end.
+def extended_labels(values: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """Coordinate labels at ``positions``, extrapolated at the end steps outside the array.
+
+    A halo's window starts before the array, and a padded patch ends past it:
+    their labels go on at the step of the labels' first (or last) two.
 
     Examples
     --------
-    >>> extended_labels(np.array([0.0, 10.0, 20.0]), 1, 4).tolist()
-    [10.0, 20.0, 30.0, 40.0]
+    >>> extended_labels(np.array([0.0, 10.0, 20.0]), np.arange(-1, 4)).tolist()
+    [-10.0, 0.0, 10.0, 20.0, 30.0]
     """
-    inside = values[start : start + size]
-    missing = size - len(inside)
-    if missing == 0:
-        return inside
-    if len(values) >= 2 and (
-        np.issubdtype(values.dtype, np.number) or np.issubdtype(values.dtype, np.datetime64)
-    ):
-        step = values[-1] - values[-2]
-        return np.concatenate([inside, values[-1] + step * np.arange(1, missing + 1)])
-    fill = np.array([None] * missing, dtype=object)
-    return np.concatenate([inside.astype(object), fill])
+    positions = np.asarray(positions, dtype=np.int64)
+    n = len(values)
+    inside = (positions >= 0) & (positions < n)
+    if inside.all():
+        return values[positions]
+    numeric = np.issubdtype(values.dtype, np.number) or np.issubdtype(values.dtype, np.datetime64)
+    if n >= 2 and numeric:
+        first, last = values[1] - values[0], values[-1] - values[-2]
+        clipped = np.clip(positions, 0, n - 1)
+        before = np.minimum(positions, 0)
+        after = np.maximum(positions - (n - 1), 0)
+        return values[clipped] + first * before + last * after
+    out = np.full(len(positions), None, dtype=object)
+    out[inside] = values[positions[inside]]
+    return out
 
 
 def extract_variable(
@@ -54,16 +60,18 @@ def extract_variable(
     var: xr.Variable,
     anchors: np.ndarray | None,
     pad_value: Any,
-    pad_mode: PadMode = "constant",
+    padded: bool = True,
 ) -> Any:
     """Stack the patches of one variable along the patched dims it has.
 
     ``anchors=None`` cuts every patch of the plan (lazily, group by group, for
     dask input); otherwise the patches at ``anchors`` (a few: ``p[i]``).
-    Returns ``(n, *var.shape)`` with the patched axes at patch size, cells past
-    the end filled as ``pad_mode`` says.
+    Returns ``(n, *var.shape)`` with the patched axes at patch size, cells
+    outside the array filled as the layout's pad modes say (``padded=False``:
+    with ``pad_value``, as a coordinate is).
     """
     columns, axes = patched_columns(var, layout.dims)
+    pad_mode = layout.axis_pad_modes(columns) if padded else "constant"
     size = [layout.geometry.size[j] for j in columns]
     pad_value = pad_value_for(pad_value, var.dtype)
     if anchors is None:
@@ -78,20 +86,27 @@ def extract_variable(
     return extract_numpy(np.asarray(var.data), axes, plan.anchors, size, pad_value, pad_mode)
 
 
-def cut(layout: Layout, anchors: np.ndarray | None) -> Any:
-    """Return the patches at ``anchors`` (one, unstacked), or all of them stacked (``None``)."""
+def cut(windows: Layout, anchors: np.ndarray | None) -> Any:
+    """Return the patches at ``anchors`` (one, unstacked), or all of them stacked (``None``).
+
+    ``anchors`` are the windows' starts; the patches are read as
+    ``windows.reading`` reads them (grown by a halo), and ``{dim}_anchor`` says
+    the windows' starts.
+    """
+    layout = windows.reading
     obj = layout.obj
     dims = set(layout.dims)
     stacked = anchors is None
-    at = layout.plan.anchors if stacked else anchors
+    at = layout.plan.anchors if stacked else windows.read_anchors(anchors)
 
     def place(var: xr.Variable, data: Any) -> xr.Variable:
         if stacked:
             return xr.Variable((PATCH_DIM, *var.dims), data, var.attrs)
         return xr.Variable(var.dims, data[0], var.attrs)
 
+    read = None if stacked else at
     variables: dict[Hashable, xr.Variable] = {
-        name: place(var, extract_variable(layout, var, anchors, layout.pad_value, layout.pad_mode))
+        name: place(var, extract_variable(layout, var, read, layout.pad_value))
         for name, var in layout.variables.items()
     }
     coords: dict[Hashable, Any] = {}
@@ -100,16 +115,18 @@ def cut(layout: Layout, anchors: np.ndarray | None) -> Any:
             coords[name] = coord.variable
         elif name in dims and stacked:
             column = at[:, layout.dims.index(name)]
-            coords[f"{name}_start"] = (PATCH_DIM, coord.values[column], coord.attrs)
+            starts = extended_labels(coord.values, column)
+            coords[f"{name}_start"] = (PATCH_DIM, starts, coord.attrs)
         elif name in dims:
             start = int(at[0, layout.dims.index(name)])
-            labels = extended_labels(coord.values, start, layout.size[name])
+            positions = np.arange(start, start + layout.size[name])
+            labels = extended_labels(coord.values, positions)
             coords[name] = xr.Variable(name, labels, coord.attrs)
         else:
             # Coordinates keep the constant fill: a reflected latitude would say the
             # padded cells are somewhere they are not.
             coords[name] = place(
-                coord.variable, extract_variable(layout, coord.variable, anchors, None)
+                coord.variable, extract_variable(layout, coord.variable, read, None, padded=False)
             )
     transforms = None
     if grid_mapping_name(obj) is not None:
@@ -119,7 +136,7 @@ def cut(layout: Layout, anchors: np.ndarray | None) -> Any:
             transforms = None
     if stacked:
         for j, d in enumerate(layout.dims):
-            coords[f"{d}_anchor"] = (PATCH_DIM, at[:, j].copy())
+            coords[f"{d}_anchor"] = (PATCH_DIM, windows.plan.anchors[:, j].copy())
         if transforms is not None:
             coords["geotransform"] = (PATCH_DIM, [to_gdal(t) for t in transforms])
     if isinstance(obj, xr.DataArray):

@@ -274,9 +274,9 @@ def apply_dask(
     task's estimate fits (:func:`~xpatch.core.apply.memory.working_plans`); the
     output's blocks are then those, and each group cuts its part of a chunk in a
     task of its own, so that the chunk is freed once the parts are cut. With a
-    halo, ``array`` is the input padded by it, ``plan`` reads the grown patches
-    from it and ``inner`` is the plan of the inner windows on the input's grid
-    (the one the budget splits).
+    halo, ``plan`` reads the grown windows (starting a halo before the patches,
+    read past the edges as ``pad_mode`` says) and ``inner`` is the plan of the
+    inner windows (the one the budget splits).
 
     Returns
     -------

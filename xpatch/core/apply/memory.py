@@ -26,7 +26,7 @@ from dask.utils import parse_bytes
 
 from xpatch.core.apply.batches import InferenceSetup
 from xpatch.core.errors import OptionError
-from xpatch.core.plan import ChunkGrid, Plan
+from xpatch.core.plan import Plan, frozen_array
 from xpatch.core.scale import scale_plan
 
 #: The dask config key of the default budget (``dask.config.set({CONFIG_KEY: "1GiB"})``,
@@ -165,9 +165,9 @@ def working_plans(
     largest task's :func:`task_bytes` pass ``budget`` and a block stays at least
     a patch long (smaller blocks would only add overhang). When nothing can be
     split further the smallest blocks are kept: the budget is a target, not a
-    refusal. With a halo, ``plan`` reads the grown patches from the padded array
-    and ``inner`` holds the inner windows on the input's own grid: the blocks
-    split ``inner``'s grid, and the read plan follows them (:func:`grown_plan`).
+    refusal. With a halo, ``plan`` reads the grown windows and ``inner`` holds
+    the inner windows: the blocks split ``inner``'s grid, and the read plan
+    follows them (:func:`grown_plan`).
     """
     base = plan if inner is None else inner
     factors = [Fraction(o, i) for o, i in zip(out_plan.size, base.size)]
@@ -187,25 +187,22 @@ def working_plans(
 
 
 def grown_plan(fine: Plan, grown: Plan) -> Plan:
-    """Return ``grown`` (patches grown by a halo, on the padded array) grouped as ``fine``.
+    """Return ``grown`` (the windows grown by a halo) grouped as ``fine``.
 
-    ``fine`` holds the same anchors with the inner size on the input's grid; its
-    blocks, moved by the halo into the padded array, are the read plan's grid, so
-    that each group cuts its own part of a chunk.
+    ``fine`` holds the windows' anchors with the inner size on a grid of
+    working blocks; each read window starts a halo before its window, and
+    the groups are ``fine``'s, so that each group cuts its own part of a chunk.
 
     Examples
     --------
     >>> from xpatch.core.plan import ChunkGrid
     >>> inner = Plan.compile(np.array([[0], [4]]), ChunkGrid.from_chunks([(4, 4)]), [4],
     ...                      keep_order=True)
-    >>> padded = Plan.compile(np.array([[0], [4]]), ChunkGrid.from_chunks([(12,)]), [6],
-    ...                       keep_order=True)
-    >>> grown_plan(inner, padded).grid.chunks, grown_plan(inner, padded).groups
-    (((5, 7),), ((0, 1), (1, 2)))
+    >>> read = Plan.compile(np.array([[-1], [3]]), ChunkGrid.from_chunks([(8,)]), [6],
+    ...                     keep_order=True)
+    >>> grown_plan(inner, read).anchors.tolist(), grown_plan(inner, read).groups
+    ([[-1], [3]], ((0, 1), (1, 2)))
     """
-    starts = []
-    for j, axis in enumerate(fine.grid.starts):
-        halo = (grown.size[j] - fine.size[j]) // 2
-        inside = [s + halo for s in axis[1:-1]]
-        starts.append((0, *inside, grown.grid.shape[j]))
-    return Plan(ChunkGrid(tuple(starts)), grown.size, fine.anchors, fine.order, fine.groups)
+    halo = np.asarray([(g - f) // 2 for g, f in zip(grown.size, fine.size)], dtype=np.int64)
+    anchors = frozen_array(fine.anchors - halo)
+    return Plan(fine.grid, grown.size, anchors, fine.order, fine.groups)
