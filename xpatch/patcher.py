@@ -464,8 +464,7 @@ class Patcher(Generic[T]):
         scale: ScaleSpec | None = None,
     ) -> T:
         check_blendable_predictions(pred, self._layout.obj, views.PATCH_DIM)
-        blend = seam.reconstruct_across if self._layout.periodic else xarray_reconstruct.reconstruct
-        return blend(self._layout, pred, reduce, weights=weights, scale=scale)
+        return seam.reconstruct_across(self._layout, pred, reduce, weights=weights, scale=scale)
 
     def apply(  # noqa: D102 (doc below)
         self,
@@ -494,8 +493,7 @@ class Patcher(Generic[T]):
             weights,
             task_memory,
         )
-        blend = seam.apply_across if self._layout.periodic else xarray_apply.apply
-        return blend(self._layout, fn, options)
+        return seam.apply_across(self._layout, fn, options)
 
     reconstruct.__doc__ = xarray_reconstruct.reconstruct.__doc__
     apply.__doc__ = xarray_apply.apply.__doc__

@@ -211,6 +211,47 @@ class Geometry:
         """The positions of the periodic axes."""
         return tuple(j for j in range(len(self.dims)) if self.wraps(j))
 
+    def ended(self) -> tuple[AxisBoundary, ...]:
+        """Return the boundaries of a region of this grid: a periodic axis ends with the region.
+
+        Examples
+        --------
+        >>> Geometry.build({"y": 4, "x": 8}, {"y": 2, "x": 2}, None,
+        ...                {"y": "pad", "x": "periodic"}).ended()
+        ('pad', 'shift')
+        """
+        return tuple("shift" if self.wraps(j) else b for j, b in enumerate(self.boundaries))
+
+    def seam_reach(self) -> tuple[int, ...]:
+        """Return per axis the cells a window reads past the end from the start (the seam).
+
+        Examples
+        --------
+        >>> Geometry.build({"y": 4, "x": 8}, {"y": 2, "x": 3}, None,
+        ...                {"y": "pad", "x": "periodic"}).seam_reach()
+        (0, 2)
+        """
+        return tuple(s - 1 if self.wraps(j) else 0 for j, s in enumerate(self.size))
+
+    def anchors_around(self, centres: np.ndarray) -> np.ndarray:
+        """Anchors of the patches centred on ``(n, k)`` cells, kept on the grid.
+
+        Along an ended axis a patch is shifted inside; along a periodic one its
+        anchor wraps, so the centre stays the patch's centre across the seam.
+
+        Examples
+        --------
+        >>> g = Geometry.build({"x": 8}, {"x": 4}, None, "periodic")
+        >>> g.anchors_around(np.array([[0], [7]])).ravel().tolist()
+        [6, 5]
+        """
+        size = np.asarray(self.size, dtype=np.int64)
+        top = np.maximum(np.asarray(self.shape, dtype=np.int64) - size, 0)
+        anchors = np.clip(centres - size // 2, 0, top)
+        for j in self.periodic_axes:
+            anchors[:, j] = (centres[:, j] - size[j] // 2) % self.shape[j]
+        return anchors
+
     @classmethod
     def build(
         cls,

@@ -294,10 +294,7 @@ class InBounds(ObjectSampler):
                 f"{size}; use a larger box or boundary='pad'."
             )
         # A box is a region: along a periodic dim its grid ends where the box does.
-        ends = {
-            d: "shift" if geometry.wraps(j) else mode
-            for j, (d, mode) in enumerate(zip(geometry.dims, geometry.boundaries))
-        }
+        ends = dict(zip(geometry.dims, geometry.ended()))
         inner = Geometry.build(extents, size, dict(zip(geometry.dims, geometry.stride)), ends)
         anchors = RegularGrid().anchors(inner) + np.asarray(starts, dtype=np.int64)
         return _ResolvedAnchors(anchors, keeps_order=False)
@@ -355,13 +352,7 @@ class WeightedAnchors(ObjectSampler):
         seed = check_seed(self.seed)
         weights = aligned_weights(self.weights, obj, geometry)
         centres = weighted_cells(weight_chunks(weights), count, seed)
-        size = np.asarray(geometry.size, dtype=np.int64)
-        top = np.maximum(np.asarray(geometry.shape, dtype=np.int64) - size, 0)
-        anchors = np.clip(centres - size // 2, 0, top)
-        for j in geometry.periodic_axes:
-            # Across a periodic dim's seam the centre stays the patch's centre.
-            anchors[:, j] = (centres[:, j] - size[j] // 2) % geometry.shape[j]
-        return DrawnAnchors(anchors)
+        return DrawnAnchors(geometry.anchors_around(centres))
 
 
 @dataclass(frozen=True)

@@ -126,6 +126,8 @@ def reconstruct_across(
     """:func:`~xpatch.xarray.reconstruct.reconstruct` of a layout with periodic dims."""
     layout = layout_of(laid)
     blend = SeamBlend.of(layout)
+    if not len(blend.rows):  # no patch crosses a seam: the blend of the patches alone
+        return reconstruct_layout(layout, pred, reduce, weights=weights, scale=scale)
     pred, weights = in_layout_order(layout, pred, weights)
     pred = blend.expand(pred)
     weights = None if weights is None else blend.expand(weights)
@@ -140,6 +142,8 @@ def apply_across(laid: Any, fn: BatchFunction, options: ApplyOptions) -> Any:
     """
     layout = layout_of(laid)
     blend = SeamBlend.of(layout)
+    if not len(blend.rows):
+        return apply_layout(layout, fn, options)
     if options.weights is not None and not isinstance(options.weights, str):
         weights = options.weights
         if isinstance(weights, xr.DataArray):

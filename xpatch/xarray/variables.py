@@ -152,10 +152,10 @@ def valid_fraction(
         counts = counts + valid.transpose(*dims).data
         per_cell = math.prod(var.sizes[d] for d in carried)
         per_patch += per_cell * math.prod(geometry.size)
-    for j in geometry.periodic_axes:
-        # A patch past a periodic dim's end counts the first cells again.
-        widths = [(0, 0)] * len(dims)
-        widths[j] = (0, geometry.size[j] - 1)
+    reach = geometry.seam_reach()
+    if any(reach):
+        # A patch past a seam counts the first cells again.
+        widths = [(0, r) for r in reach]
         counts = (da.pad if isinstance(counts, da.Array) else np.pad)(counts, widths, mode="wrap")
     with ProgressBar(minimum=PROGRESS_AFTER_SECONDS):
         inside = window_sums(counts, anchors, geometry.size)
