@@ -7,7 +7,6 @@ obstore's synchronous calls, and without obstore s3fs reads the same values.
 
 from __future__ import annotations
 
-import logging
 import pickle
 import sys
 import uuid
@@ -17,6 +16,7 @@ import pytest
 import xarray as xr
 import zarr
 
+from tests.s3_server import moto_endpoint, storage_options
 from xpatch.grain import object_store as object_store_module
 from xpatch.grain.object_store import ObjectStoreReader, object_store_of
 from xpatch.grain.zarr_chunks import ZarrChunks
@@ -33,31 +33,13 @@ BUCKET = "reads"
 @pytest.fixture(scope="module")
 def endpoint():
     """A moto S3 server on 127.0.0.1 (any free port) with one bucket."""
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    try:
-        host, port = server.get_host_and_port()
-        url = f"http://{host}:{port}"
-        boto3.client(
-            "s3",
-            endpoint_url=url,
-            region_name="us-east-1",
-            aws_access_key_id="x",
-            aws_secret_access_key="y",
-        ).create_bucket(Bucket=BUCKET)
+    with moto_endpoint(BUCKET) as url:
         yield url
-    finally:
-        server.stop()
 
 
 @pytest.fixture
 def options(endpoint) -> dict:
-    return {
-        "key": "x",
-        "secret": "y",
-        "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"},
-    }
+    return storage_options(endpoint)
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ as a user would on a bucket.
 
 from __future__ import annotations
 
-import logging
 import signal
 import uuid
 
@@ -18,6 +17,7 @@ import xarray as xr
 import xpatch
 from tests.io import crash_writer
 from tests.io.writing import Affine, lazy_temperature
+from tests.s3_server import moto_endpoint, storage_options
 from xpatch.io.record import WriterLock
 
 s3fs = pytest.importorskip("s3fs")
@@ -31,32 +31,13 @@ BLOCKS = 16
 @pytest.fixture(scope="module")
 def endpoint():
     """A moto S3 server on 127.0.0.1 (any free port) with one bucket."""
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    try:
-        host, port = server.get_host_and_port()
-        url = f"http://{host}:{port}"
-        client = boto3.client(
-            "s3",
-            endpoint_url=url,
-            region_name="us-east-1",
-            aws_access_key_id="x",
-            aws_secret_access_key="y",
-        )
-        client.create_bucket(Bucket=BUCKET)
+    with moto_endpoint(BUCKET) as url:
         yield url
-    finally:
-        server.stop()
 
 
 @pytest.fixture
 def options(endpoint) -> dict:
-    return {
-        "key": "x",
-        "secret": "y",
-        "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"},
-    }
+    return storage_options(endpoint)
 
 
 @pytest.fixture
