@@ -124,9 +124,10 @@ class ForecastPatcher:
         roles = _roles(obj, dim, forecast)
         self._input_variables, self._target_variables, self._forcing_variables = roles
         spatial_options = {k: v for k, v in options.items() if k in _SPATIAL_OPTIONS}
+        spatial_layout = None
         if spatial := dict(size):
-            grid = Patcher(obj, spatial, stride, **spatial_options)
-            space, space_dims = grid.layout.plan.anchors, grid.dims
+            spatial_layout = Patcher(obj, spatial, stride, **spatial_options).layout
+            space, space_dims = spatial_layout.plan.anchors, spatial_layout.dims
         else:
             space, space_dims = np.zeros((1, 0), dtype=np.int64), ()
         self.spatial_count = len(space)
@@ -135,15 +136,19 @@ class ForecastPatcher:
         for j, d in enumerate(space_dims):
             indices[d] = np.tile(space[:, j], len(starts))
         # The samples are exactly the anchors given: nothing filters or reorders them.
-        inner_options = {k: v for k, v in spatial_options.items() if k != "min_valid"}
-        inner_options["sampler"] = Anchors(indices)
-        if isinstance(inner_options.get("halo"), int):
-            inner_options["halo"] = dict.fromkeys(space_dims, inner_options["halo"])
         sizes = {dim: self.plan.window, **spatial}
-        self.patcher = Patcher(obj, sizes, stride, **inner_options)
+        if spatial_layout is None:
+            inner_options = {k: v for k, v in spatial_options.items() if k != "min_valid"}
+            self.patcher = Patcher(obj, sizes, stride, sampler=Anchors(indices), **inner_options)
+        else:
+            strides = stride if stride is None or isinstance(stride, Mapping) else None
+            if strides is None and stride is not None:
+                strides = dict.fromkeys(sizes, stride)
+            self.patcher = Patcher.of(spatial_layout.over(obj, indices, sizes, strides))
         self._starts = starts
         self._space, self._space_dims = space, space_dims
         self._spatial = (spatial, stride, spatial_options, options.get("window"))
+        self._spatial_layout = spatial_layout
 
     def __len__(self) -> int:
         return len(self._starts) * self.spatial_count
@@ -324,20 +329,24 @@ class ForecastPatcher:
             strides.update(stride)
         elif stride is not None:
             strides.update(dict.fromkeys(spatial, stride))
-        grid_options = {
-            k: v for k, v in spatial_options.items() if k not in ("sampler", "min_valid")
-        }
-        if window is not None:
-            grid_options["window"] = window
-        if isinstance(grid_options.get("halo"), int):  # not along the origins
-            grid_options["halo"] = dict.fromkeys(spatial, grid_options["halo"])
         # The layout's own patches (its sampler and min_valid chose them), at every origin.
         origins = len(self.plan.origins)
         anchors = {origin: np.repeat(np.arange(origins), self.spatial_count)}
         for j, d in enumerate(self._space_dims):
             anchors[d] = np.tile(self._space[:, j], origins)
-        grid_options["sampler"] = Anchors(anchors)
-        grid = Patcher(stacked, {origin: 1, **spatial}, strides, **grid_options)
+        changes = {} if window is None else {"window": window}
+        if self._spatial_layout is None:
+            grid_options = {
+                k: v for k, v in spatial_options.items() if k not in ("sampler", "min_valid")
+            }
+            grid = Patcher(
+                stacked, {origin: 1}, strides, sampler=Anchors(anchors), **grid_options, **changes
+            )
+        else:
+            layout = self._spatial_layout.over(
+                stacked, anchors, {origin: 1, **spatial}, strides, **changes
+            )
+            grid = Patcher.of(layout)
         leads = self.plan.targets.shape[1]
         lead = "lead"
         internal = {name: f"__xpatch_output_{k}__" for k, name in enumerate(outputs)}
