@@ -45,3 +45,21 @@ def test_the_old_module_paths_are_gone():
     for old in ("xpatch.scene_source", "xpatch.tree_grain"):
         with pytest.raises(ModuleNotFoundError):
             importlib.import_module(old)
+
+
+def test_every_apply_verb_takes_the_same_options_with_the_same_defaults():
+    import inspect
+
+    from xpatch.xarray.apply import ApplyOptions
+
+    verbs = [xpatch.Patcher.apply, xpatch.ScenePatcher.apply, xpatch.TreePatcher.apply]
+    signatures = [inspect.signature(verb).parameters for verb in verbs]
+    options = {name: p.default for name, p in signatures[0].items() if name not in ("self", "fn")}
+    assert options == ApplyOptions().as_keywords()
+    for parameters in signatures[1:]:
+        assert {n: p.default for n, p in parameters.items() if n not in ("self", "fn")} == options
+    assert [v.__doc__.split("\n")[0] for v in verbs] == [
+        "Run ``fn`` over every patch in batches and blend the results onto the grid.",
+        "Run ``fn`` over every scene's patches: ``{name: p.apply(fn, ...)}``, lazily.",
+        "Run ``fn`` over every node's patches in batches and blend the results per node.",
+    ]

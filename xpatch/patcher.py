@@ -30,17 +30,19 @@ from xpatch.grain.source import PatchSource
 from xpatch.xarray import apply as xarray_apply
 from xpatch.xarray import reconstruct as xarray_reconstruct
 from xpatch.xarray import seam, views
-from xpatch.xarray.apply import ApplyOptions, ApplyReduction, OutputDims, OutputDTypes
-from xpatch.xarray.encoding import NodataOption
+from xpatch.xarray.apply import (
+    ApplyOptions,
+    ApplyReduction,
+    takes_apply_options,
+)
 from xpatch.xarray.georef import patch_bounds, patch_transforms
 from xpatch.xarray.layout import Layout, LayoutOptions, T, size_mapping
 from xpatch.xarray.samplers import ObjectSampler
 from xpatch.xarray.variables import check_blendable_predictions
 
-#: The defaults of the layout and apply options, spelled once
-#: (:class:`~xpatch.xarray.layout.LayoutOptions`, :class:`~xpatch.xarray.apply.ApplyOptions`).
+#: The defaults of the layout options, spelled once (:class:`~xpatch.xarray.layout.LayoutOptions`;
+#: apply's are :data:`xpatch.xarray.apply.APPLY`).
 DEFAULT = LayoutOptions()
-APPLY = ApplyOptions()
 
 
 class Patcher(Generic[T]):
@@ -466,33 +468,10 @@ class Patcher(Generic[T]):
         check_blendable_predictions(pred, self._layout.obj, views.PATCH_DIM)
         return seam.reconstruct_across(self._layout, pred, reduce, weights=weights, scale=scale)
 
+    @takes_apply_options
     def apply(  # noqa: D102 (doc below)
-        self,
-        fn: BatchFunction,
-        batch_size: int = APPLY.batch_size,
-        *,
-        output_dims: OutputDims | None = APPLY.output_dims,
-        dtype: OutputDTypes | None = APPLY.dtype,
-        reduce: ApplyReduction = APPLY.reduce,
-        nodata: NodataOption = APPLY.nodata,
-        pad_batch: bool = APPLY.pad_batch,
-        out_dtype: OutputDTypes | None = APPLY.out_dtype,
-        scale: ScaleSpec | None = APPLY.scale,
-        weights: Any = APPLY.weights,
-        task_memory: int | str | None = APPLY.task_memory,
+        self, fn: BatchFunction, options: ApplyOptions
     ) -> xr.DataArray | xr.Dataset:
-        options = ApplyOptions(
-            batch_size,
-            output_dims,
-            dtype,
-            reduce,
-            nodata,
-            pad_batch,
-            out_dtype,
-            scale,
-            weights,
-            task_memory,
-        )
         return seam.apply_across(self._layout, fn, options)
 
     reconstruct.__doc__ = xarray_reconstruct.reconstruct.__doc__

@@ -25,11 +25,14 @@ from xpatch.core.chunk_cache import DEFAULT_CACHE_BYTES
 from xpatch.core.errors import OptionError, PredictionError, XPatchError
 from xpatch.core.scale import ScaleSpec
 from xpatch.io.inputs import open_input
-from xpatch.patcher import APPLY, Patcher
+from xpatch.patcher import Patcher
 from xpatch.scenes.index import SceneIndex, named_scenes
 from xpatch.scenes.source import SceneSource
-from xpatch.xarray.apply import ApplyOptions, ApplyReduction, OutputDims, OutputDTypes
-from xpatch.xarray.encoding import NodataOption
+from xpatch.xarray.apply import (
+    ApplyOptions,
+    ApplyReduction,
+    takes_apply_options,
+)
 
 
 class ScenePatcher:
@@ -139,20 +142,9 @@ class ScenePatcher:
 
     # -- inference ----------------------------------------------------------------------
 
+    @takes_apply_options
     def apply(
-        self,
-        fn: BatchFunction,
-        batch_size: int = APPLY.batch_size,
-        *,
-        output_dims: OutputDims | None = APPLY.output_dims,
-        dtype: OutputDTypes | None = APPLY.dtype,
-        reduce: ApplyReduction = APPLY.reduce,
-        nodata: NodataOption = APPLY.nodata,
-        pad_batch: bool = APPLY.pad_batch,
-        out_dtype: OutputDTypes | None = APPLY.out_dtype,
-        scale: ScaleSpec | None = APPLY.scale,
-        weights: Any = APPLY.weights,
-        task_memory: int | str | None = APPLY.task_memory,
+        self, fn: BatchFunction, options: ApplyOptions
     ) -> dict[str, xr.DataArray | xr.Dataset]:
         """Run ``fn`` over every scene's patches: ``{name: p.apply(fn, ...)}``, lazily.
 
@@ -169,18 +161,7 @@ class ScenePatcher:
         >>> {name: float(r.mean()) for name, r in out.items()}
         {'0': 10.0, '1': 20.0}
         """
-        options = ApplyOptions(
-            batch_size,
-            output_dims,
-            dtype,
-            reduce,
-            nodata,
-            pad_batch,
-            out_dtype,
-            scale,
-            weights,
-            task_memory,
-        ).as_keywords()
+        options = options.as_keywords()
         return {name: p.apply(fn, **options) for name, p in self._patchers.items()}
 
     def reconstruct(

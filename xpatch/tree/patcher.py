@@ -30,7 +30,7 @@ from xpatch.core.errors import DimensionError, OptionError
 from xpatch.core.geometry import Geometry
 from xpatch.core.samplers import Anchors, JitteredGrid, RandomAnchors
 from xpatch.core.scale import ScaleSpec
-from xpatch.patcher import APPLY, Patcher
+from xpatch.patcher import Patcher
 from xpatch.tree.geometry import (
     check_one_crs,
     crs_layout,
@@ -50,8 +50,11 @@ from xpatch.tree.nodes import (
     stacked_bands,
 )
 from xpatch.tree.source import TreeSource
-from xpatch.xarray.apply import ApplyOptions, ApplyReduction, OutputDims, OutputDTypes
-from xpatch.xarray.encoding import NodataOption
+from xpatch.xarray.apply import (
+    ApplyOptions,
+    ApplyReduction,
+    takes_apply_options,
+)
 from xpatch.xarray.layout import LayoutOptions, patched_dims, size_mapping
 from xpatch.xarray.samplers import DrawnAnchors
 
@@ -425,20 +428,9 @@ class TreePatcher:
             }
         )
 
+    @takes_apply_options
     def apply(
-        self,
-        fn: BatchFunction | Mapping[str, BatchFunction],
-        batch_size: int = APPLY.batch_size,
-        *,
-        output_dims: OutputDims | None = APPLY.output_dims,
-        dtype: OutputDTypes | None = APPLY.dtype,
-        reduce: ApplyReduction = APPLY.reduce,
-        nodata: NodataOption = APPLY.nodata,
-        pad_batch: bool = APPLY.pad_batch,
-        out_dtype: OutputDTypes | None = APPLY.out_dtype,
-        scale: ScaleSpec | None = APPLY.scale,
-        weights: Any = APPLY.weights,
-        task_memory: int | str | None = APPLY.task_memory,
+        self, fn: BatchFunction | Mapping[str, BatchFunction], options: ApplyOptions
     ) -> xr.DataTree:
         """Run ``fn`` over every node's patches in batches and blend the results per node.
 
@@ -473,18 +465,7 @@ class TreePatcher:
         >>> out["/a"]["v"].values.max(), out["/b"]["w"].values[0].tolist()
         (np.float64(3.0), [3.0, 3.0, 3.0])
         """
-        options = ApplyOptions(
-            batch_size,
-            output_dims,
-            dtype,
-            reduce,
-            nodata,
-            pad_batch,
-            out_dtype,
-            scale,
-            weights,
-            task_memory,
-        ).as_keywords()
+        options = options.as_keywords()
         functions = node_functions(fn, self.nodes)
         # Every node is checked before the first runs: numpy nodes compute at once.
         patchers = {}

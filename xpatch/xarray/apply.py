@@ -7,7 +7,7 @@ the input's coordinates and the nodata rules of :mod:`xpatch.xarray.encoding`.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any, NamedTuple
 
@@ -87,6 +87,66 @@ class ApplyOptions:
     def as_keywords(self) -> dict[str, Any]:
         """Return the options as keyword arguments of :meth:`xpatch.Patcher.apply`."""
         return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+APPLY = ApplyOptions()
+
+
+def takes_apply_options(method: Callable) -> Callable:
+    """Give ``method(self, fn, options: ApplyOptions)`` ``apply``'s public signature.
+
+    The one place the arguments of :meth:`xpatch.Patcher.apply`,
+    :meth:`xpatch.ScenePatcher.apply` and :meth:`xpatch.TreePatcher.apply` are
+    spelled: each verb receives them as one :class:`ApplyOptions`.
+
+    Examples
+    --------
+    >>> class Verb:
+    ...     @takes_apply_options
+    ...     def apply(self, fn, options):
+    ...         return options.batch_size, options.reduce
+    >>> Verb().apply(print, 8, reduce="max")
+    (8, 'max')
+    """
+
+    def apply(
+        self: Any,
+        fn: BatchFunction,
+        batch_size: int = APPLY.batch_size,
+        *,
+        output_dims: OutputDims | None = APPLY.output_dims,
+        dtype: OutputDTypes | None = APPLY.dtype,
+        reduce: ApplyReduction = APPLY.reduce,
+        nodata: NodataOption = APPLY.nodata,
+        pad_batch: bool = APPLY.pad_batch,
+        out_dtype: OutputDTypes | None = APPLY.out_dtype,
+        scale: ScaleSpec | None = APPLY.scale,
+        weights: Any = APPLY.weights,
+        task_memory: int | str | None = APPLY.task_memory,
+    ) -> Any:
+        options = ApplyOptions(
+            batch_size,
+            output_dims,
+            dtype,
+            reduce,
+            nodata,
+            pad_batch,
+            out_dtype,
+            scale,
+            weights,
+            task_memory,
+        )
+        return method(self, fn, options)
+
+    # Not functools.wraps: its __wrapped__ would show the inner signature to help().
+    apply.__name__, apply.__qualname__ = method.__name__, method.__qualname__
+    apply.__doc__, apply.__module__ = method.__doc__, method.__module__
+    own = getattr(method, "__annotations__", {})
+    apply.__annotations__ = {
+        **apply.__annotations__,
+        **{key: own[key] for key in ("fn", "return") if key in own},
+    }
+    return apply
 
 
 def check_output_dims(
