@@ -33,6 +33,7 @@ from xpatch.xarray.apply import (
     ApplyReduction,
     takes_apply_options,
 )
+from xpatch.xarray.views import patch_rows
 
 
 class ScenePatcher:
@@ -228,19 +229,7 @@ class ScenePatcher:
                     f"of {list(self.names)}, or weights in global order."
                 )
             return weights[name]
-        start, stop = span
-        if isinstance(weights, xr.DataArray):
-            if weights.sizes.get("patch") == len(self):
-                return weights.isel(patch=slice(start, stop))
-            return weights
-        shape = getattr(weights, "shape", None) or np.shape(weights)
-        if len(shape) and shape[0] == len(self):
-            return (
-                weights[start:stop]
-                if hasattr(weights, "shape")
-                else np.asarray(weights)[start:stop]
-            )
-        return weights
+        return patch_rows(weights, len(self), slice(*span))
 
     # -- training ---------------------------------------------------------------------
 

@@ -30,7 +30,7 @@ from xpatch.xarray.apply import apply as apply_layout
 from xpatch.xarray.layout import Layout, grown_layout, layout_of
 from xpatch.xarray.reconstruct import prediction_rows
 from xpatch.xarray.reconstruct import reconstruct as reconstruct_layout
-from xpatch.xarray.views import PATCH_DIM
+from xpatch.xarray.views import PATCH_DIM, patch_rows
 
 
 @dataclass(frozen=True)
@@ -101,19 +101,9 @@ def in_layout_order(layout: Layout, pred: Any, weights: Any) -> tuple[Any, Any]:
     rows, _ = prediction_rows(layout, first, "pred")
     if rows is not None:
         pred = pred.isel({PATCH_DIM: rows})
-        weights = _rows_of(weights, rows, pred.sizes[PATCH_DIM])
+        weights = patch_rows(weights, pred.sizes[PATCH_DIM], rows)
     anchors = [f"{d}_anchor" for d in layout.dims]
     return pred.drop_vars([c for c in anchors if c in pred.coords]), weights
-
-
-def _rows_of(weights: Any, rows: np.ndarray, count: int) -> Any:
-    # Per-patch or per-cell weights (a patch dim, or axis 0 of the patches' count).
-    if weights is None:
-        return None
-    if isinstance(weights, xr.DataArray | xr.Dataset):
-        return weights.isel({PATCH_DIM: rows}) if PATCH_DIM in weights.dims else weights
-    shape = getattr(weights, "shape", np.shape(weights))
-    return weights[rows] if len(shape) and shape[0] == count else weights
 
 
 def _first_patched(ds: xr.Dataset) -> xr.DataArray:

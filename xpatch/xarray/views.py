@@ -27,6 +27,32 @@ from xpatch.xarray.variables import (
 PATCH_DIM = "patch"
 
 
+def patch_rows(values: Any, count: int, rows: np.ndarray | slice) -> Any:
+    """Return ``rows`` of per-patch ``values``; values that are not per patch as given.
+
+    Per patch: a ``"patch"`` dim of ``count`` patches, or a first axis of ``count``
+    (per-patch or per-cell weights, predictions). Anything else (one weight for
+    all, a name) passes unchanged, for the verb to take or refuse.
+
+    Examples
+    --------
+    >>> patch_rows(np.arange(6).reshape(3, 2), 3, np.array([2, 0])).tolist()
+    [[4, 5], [0, 1]]
+    >>> patch_rows(np.ones(2), 3, slice(0, 1)).tolist()
+    [1.0, 1.0]
+    """
+    if values is None:
+        return None
+    if isinstance(values, xr.DataArray | xr.Dataset):
+        return values.isel({PATCH_DIM: rows}) if values.sizes.get(PATCH_DIM) == count else values
+    shape = getattr(values, "shape", None)
+    if shape is None:
+        shape = np.shape(values)
+    if len(shape) and shape[0] == count:
+        return (values if hasattr(values, "shape") else np.asarray(values))[rows]
+    return values
+
+
 def extended_labels(values: np.ndarray, positions: np.ndarray) -> np.ndarray:
     """Coordinate labels at ``positions``, extrapolated at the end steps outside the array.
 
