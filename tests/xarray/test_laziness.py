@@ -17,11 +17,27 @@ def lazy_scene() -> xr.DataArray:
     return xr.DataArray(data, dims=("band", "y", "x"))
 
 
-@pytest.mark.parametrize("boundary", ["shift", "pad"])
+@pytest.mark.parametrize(
+    "boundary",
+    [
+        "shift",
+        "pad",
+        {"x": "periodic"},
+        {"x": "periodic", "y": "pad", "halo": 3},
+        {"y": "shift", "halo": {"x": 5}, "pad_mode": "reflect"},
+    ],
+    ids=["shift", "pad", "periodic", "periodic-halo", "halo-reflect"],
+)
 @pytest.mark.parametrize("reduce", ["mean", "sum", "max"])
 def test_building_the_whole_pipeline_computes_nothing(lazy_scene, boundary, reduce):
+    options = {"boundary": boundary}
+    if isinstance(boundary, dict):
+        options = {k: v for k, v in boundary.items() if k in ("halo", "pad_mode")}
+        options["boundary"] = {k: v for k, v in boundary.items() if k in ("x", "y")}
+        if "pad_mode" in options:
+            options["boundary"] = "pad"
     with forbid_compute():
-        p = lazy_scene.patch(y=64, x=64, stride=48, window="hann", boundary=boundary)
+        p = lazy_scene.patch(y=64, x=64, stride=48, window="hann", **options)
         len(p)
         p.anchors()
         p.weights()
@@ -36,6 +52,10 @@ def test_building_the_whole_pipeline_computes_nothing(lazy_scene, boundary, redu
         computed = out.compute()
     assert counter.computes == 1
     assert isinstance(computed.data, np.ndarray)
+    if reduce == "mean":  # the lazy result is the eager one
+        eager = lazy_scene.compute().patch(y=64, x=64, stride=48, window="hann", **options)
+        expected = eager.reconstruct(np.tanh(eager.patches()) * 2)
+        np.testing.assert_allclose(computed.values, expected.values, rtol=1e-12)
 
 
 def test_patch_groups_follow_chunks_not_patches(lazy_scene):
