@@ -2,25 +2,25 @@
 
 :class:`ForecastSource` serves what its inner :class:`~xpatch.grain.PatchSource`
 reads (each sample's time window, through the chunk cache) as
-``{"inputs", "targets", "origin", "anchor", "index"}``. Ordering, reading ahead and
-checkpoints are the inner source's: ``ds.pipe(src.chunk_shuffle, seed=...)`` decodes
-each chunk once per epoch, time chunks included.
+``{"inputs", "targets", "origin", "anchor", "index"}``. It is a
+:class:`~xpatch.grain.base.WrappedSource`: its chunk reads (ordering, reading ahead,
+the cache) are the inner source's, so ``ds.pipe(src.chunk_shuffle, seed=...)``
+decodes each chunk once per epoch, time chunks included.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+from collections.abc import Hashable
 from typing import Any
 
 import numpy as np
 from dask.base import tokenize
 
-from xpatch.core.chunk_cache import CacheStats
-from xpatch.grain.base import Source
+from xpatch.grain.base import WrappedSource
 from xpatch.grain.source import PatchSource
 
 
-class ForecastSource(Source):
+class ForecastSource(WrappedSource):
     """Random access to forecast samples (build it with ``ForecastPatcher.to_grain()``).
 
     Parameters
@@ -32,8 +32,8 @@ class ForecastSource(Source):
     """
 
     def __init__(self, forecast: Any, inner: PatchSource) -> None:
+        super().__init__(inner)
         self._forecast = forecast
-        self._inner = inner
         obj = forecast.patcher.obj
         dim = forecast.dim
         # Per served key, the axis of the forecast dim in its arrays (None: a static field).
@@ -56,16 +56,12 @@ class ForecastSource(Source):
         self._targets = [targets for _, targets in positions]
         self._origin_labels = forecast.origins.values
         self._per_origin = forecast.spatial_count
-        self._fingerprint = None
 
     # -- protocol -------------------------------------------------------------------
 
-    def __len__(self) -> int:
-        return len(self._inner)
-
     def __getitem__(self, index: int) -> dict[str, Any]:
         """Sample ``index``: ``{"inputs", "targets", "origin", "anchor", "index"}`` (+ forcings)."""
-        item = self._inner[index]
+        item = self.inner[index]
         position = int(item["index"])
         origin = position // self._per_origin
         inputs, targets = self._inputs[origin], self._targets[origin]
@@ -113,7 +109,7 @@ class ForecastSource(Source):
     def __repr__(self) -> str:
         return f"xpatch.ForecastSource({len(self)} samples; {self._forecast!r})"
 
-    # -- what the inner source knows --------------------------------------------------
+    # -- what differs from the inner source ---------------------------------------------
 
     @property
     def patcher(self) -> Any:
@@ -123,57 +119,13 @@ class ForecastSource(Source):
     @property
     def variables(self) -> tuple[str, ...]:
         """The variables read (every role; a static field the windows lack at the end)."""
-        return (*self._inner.variables, *(str(v) for v in self._whole))
-
-    @property
-    def inner(self) -> PatchSource:
-        """The source of the samples' windows: reads, cache and order."""
-        return self._inner
-
-    def cache_stats(self) -> CacheStats:
-        """Chunk loads and hits of this process (the inner source's cache)."""
-        return self._inner.cache_stats()
-
-    def clear_cache(self) -> None:
-        """Drop the cached chunks and reset the counters."""
-        self._inner.clear_cache()
-
-    @property
-    def chunk_count(self) -> int:
-        """Number of input chunks."""
-        return self._inner.chunk_count
-
-    def chunk_of_patch(self) -> np.ndarray:  # noqa: D102 - the inner source's
-        return self._inner.chunk_of_patch()
-
-    def shuffle_groups(self) -> np.ndarray:  # noqa: D102 - the inner source's
-        return self._inner.shuffle_groups()
-
-    def touched_chunks(self) -> np.ndarray:  # noqa: D102 - the inner source's
-        return self._inner.touched_chunks()
-
-    def chunk_grids(self) -> list[tuple[int, ...]]:  # noqa: D102 - the inner source's
-        return self._inner.chunk_grids()
-
-    def sweep_settings(self, mix: int | None, ahead: int | None) -> tuple[int, int]:  # noqa: D102
-        return self._inner.sweep_settings(mix, ahead)
-
-    def read_ahead(  # noqa: D102 - the inner source's
-        self, chunk: int, wanted: Callable[[], bool] | None = None
-    ) -> None:
-        self._inner.read_ahead(chunk, wanted)
-
-    def release(self, chunk: int, keep_frame: bool) -> None:  # noqa: D102 - the inner source's
-        self._inner.release(chunk, keep_frame)
-
-    def set_sweep_direction(self, reversed_axes: list[tuple[bool, ...]]) -> None:  # noqa: D102
-        self._inner.set_sweep_direction(reversed_axes)
+        return (*self.inner.variables, *(str(v) for v in self._whole))
 
     def make_fingerprint(self) -> str:
         """Hash the window patches' fingerprint, the roles and every sample's label positions."""
         return tokenize(
             "xpatch.ForecastSource v1",
-            self._inner.fingerprint,
+            self.inner.fingerprint,
             self._roles,
             self._inputs,
             self._targets,

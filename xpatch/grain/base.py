@@ -2,13 +2,17 @@
 
 :class:`Source` is the base of :class:`~xpatch.grain.PatchSource`,
 :class:`~xpatch.scenes.SceneSource` and :class:`~xpatch.tree.TreeSource`. A
-source says how long it is, how to read item ``i``, which chunk each patch
-belongs to (:meth:`Source.chunk_of_patch`, :meth:`Source.shuffle_groups`) and
-what identifies it (:meth:`Source.make_fingerprint`); this class turns that into
-the chunk-local shuffle (:meth:`Source.chunk_shuffle`, one implementation of the
-order, the sharding and the dealing to worker processes), the cached
-:attr:`Source.fingerprint` and the fingerprinted checkpoints
-(:meth:`Source.with_fingerprint`). A new source subclasses it in its own folder.
+source holds two contracts. Its items: how long it is, how to read item ``i``
+and what identifies it (:meth:`Source.make_fingerprint`). Its chunk reads
+(:class:`~xpatch.grain.readahead.ChunkReads`): which chunks each patch belongs
+to and touches, and how they are read ahead and let go, done by the object
+:attr:`Source.chunk_reads` hands (the source itself when it reads its own
+chunks). This class turns the two into the chunk-local shuffle
+(:meth:`Source.chunk_shuffle`, one implementation of the order, the sharding and
+the dealing to worker processes), the cached :attr:`Source.fingerprint` and the
+fingerprinted checkpoints (:meth:`Source.with_fingerprint`). A new source
+subclasses it in its own folder; one whose items are built from another source's
+items subclasses :class:`WrappedSource`, which hands the inner source's chunk reads.
 
 The sources need only numpy; their pipeline methods import Grain
 (:mod:`xpatch.grain.datasets`), which ``pip install "xarray-patch[grain]"`` brings.
@@ -22,9 +26,11 @@ from typing import Any, Literal
 
 import numpy as np
 
+from xpatch.core.chunk_cache import CacheStats
 from xpatch.core.errors import OptionError
 from xpatch.core.shuffle import check_count, check_seed, chunk_local_permutation
 from xpatch.core.sweep import sweep_permutation, sweep_ranks
+from xpatch.grain.readahead import ChunkReads
 
 GRAIN_HINT = 'pip install "xarray-patch[grain]" (or pip install grain)'
 
@@ -56,9 +62,12 @@ def mark_absl_flags_parsed() -> None:
 class Source:
     """Random access to patches, with a chunk-local order and a fingerprint (a base class).
 
-    Subclasses define ``__len__``, ``__getitem__``, :attr:`patcher`,
-    :attr:`variables`, :meth:`chunk_of_patch`, :meth:`shuffle_groups` and
-    :meth:`make_fingerprint`, and set ``self._fingerprint = None`` when built.
+    Subclasses define the items (``__len__``, ``__getitem__``, :attr:`patcher`,
+    :attr:`variables`, :meth:`make_fingerprint`, and ``self._fingerprint = None``
+    when built) and the chunk reads: either the methods of
+    :class:`~xpatch.grain.readahead.ChunkReads` on the source itself (its
+    :attr:`chunk_reads` is then itself), or :attr:`chunk_reads` handing another
+    object that has them (as :class:`WrappedSource` hands its inner source's).
     """
 
     _fingerprint: str | None = None
@@ -103,7 +112,7 @@ class Source:
         >>> src.anchor_chunks_per_batch(src.chunk_shuffled_order(seed=0), batch_size=4) > 1
         True
         """
-        chunks = self.chunk_of_patch()[np.asarray(order)]
+        chunks = self.chunk_reads.chunk_of_patch()[np.asarray(order)]
         whole = len(chunks) // batch_size * batch_size
         if whole == 0:
             raise OptionError(
@@ -126,55 +135,26 @@ class Source:
         """The data keys of an item."""
         raise NotImplementedError
 
-    def chunk_of_patch(self) -> np.ndarray:  # pragma: no cover - every source defines it
-        """For every patch, the (global) index of the chunk holding its anchor."""
-        raise NotImplementedError
-
-    def shuffle_groups(self) -> np.ndarray:  # pragma: no cover - every source defines it
-        """Return the groups :meth:`chunk_shuffle` visits: a chunk per patch, or all it touches.
-
-        ``(n,)`` group labels, or ``(n, m)`` labels, -1 padded: a patch then comes
-        with the last of its groups.
-        """
-        raise NotImplementedError
-
     def make_fingerprint(self) -> str:  # pragma: no cover - every source defines it
         """Compute the 16 hex digits of :attr:`fingerprint`."""
         raise NotImplementedError
 
-    # -- what a sweep reads (:mod:`xpatch.core.sweep`) ----------------------------------
+    @property
+    def chunk_reads(self) -> ChunkReads:
+        """What reads this source's chunks (:class:`~xpatch.grain.readahead.ChunkReads`).
 
-    def touched_chunks(self) -> np.ndarray:  # pragma: no cover - every source defines it
-        """``(n, m)``: the global ids of the chunks each patch touches, -1 padded."""
-        raise NotImplementedError
+        The chunk-local orders and the sweep's reads ahead talk to it, never to the
+        items: a source that reads its own chunks (the default) is its own; a
+        :class:`WrappedSource` hands its inner source's.
 
-    def chunk_grids(self) -> list[tuple[int, ...]]:  # pragma: no cover - every source defines it
-        """Return the number of chunks along each patched axis, per scene (global ids follow)."""
-        raise NotImplementedError
-
-    def sweep_settings(
-        self, mix: int | None, ahead: int | None
-    ) -> tuple[int, int]:  # pragma: no cover - every source defines it
-        """Return ``(mix, ahead)`` for a sweep within the cache, and keep frames for it."""
-        raise NotImplementedError
-
-    def read_ahead(
-        self, chunk: int, wanted: Callable[[], bool] | None = None
-    ) -> None:  # pragma: no cover - every source defines it
-        """Load chunk ``chunk`` (a global id) before a patch asks for it, if ``wanted()``."""
-        raise NotImplementedError
-
-    def release(
-        self, chunk: int, keep_frame: bool
-    ) -> None:  # pragma: no cover - every source defines it
-        """Drop chunk ``chunk`` (a global id) from the cache, keeping its frame or not."""
-        raise NotImplementedError
-
-    def set_sweep_direction(
-        self, reversed_axes: list[tuple[bool, ...]]
-    ) -> None:  # pragma: no cover - every source defines it
-        """Keep only the frame sides facing what a sweep visits later (per scene, per axis)."""
-        raise NotImplementedError
+        Examples
+        --------
+        >>> import numpy as np, xarray as xr, xpatch
+        >>> src = xr.DataArray(np.zeros((8, 8)), dims=("y", "x")).patch(y=4, x=4).to_grain()
+        >>> src.chunk_reads is src
+        True
+        """
+        return self
 
     @property
     def fingerprint(self) -> str:
@@ -214,13 +194,14 @@ class Source:
         True
         """
         check_seed(seed)
+        reads = self.chunk_reads
         if order == "chunk":
-            return chunk_local_permutation(self.shuffle_groups(), seed, epoch)
+            return chunk_local_permutation(reads.shuffle_groups(), seed, epoch)
         if order != "sweep":
             raise OptionError(f"order={order!r} is not one of ('sweep', 'chunk').")
-        mix, _ = self.sweep_settings(None if mix is None else check_count("mix", mix), None)
-        ranks, _ = sweep_ranks(self.chunk_grids(), seed, epoch)
-        return sweep_permutation(self.touched_chunks(), ranks, mix, seed, epoch)
+        mix, _ = reads.sweep_settings(None if mix is None else check_count("mix", mix), None)
+        ranks, _ = sweep_ranks(reads.chunk_grids(), seed, epoch)
+        return sweep_permutation(reads.touched_chunks(), ranks, mix, seed, epoch)
 
     def chunk_shuffle(
         self,
@@ -360,3 +341,112 @@ class Source:
         from xpatch.grain.datasets import FingerprintIterDataset
 
         return FingerprintIterDataset.wrap(dataset, self)
+
+
+class WrappedSource(Source):
+    """A source whose item ``i`` is built from item ``i`` of another source (a base class).
+
+    The inner source does the chunk reads: :attr:`chunk_reads` is its, so
+    :meth:`~Source.chunk_shuffle` orders, reads ahead and lets go of the inner
+    source's chunks, each decoded once per epoch, and the cache is the inner
+    source's. The chunk-read members are forwarded here, once for every wrapper.
+
+    Subclasses define ``__getitem__`` (from ``self.inner[i]``) and
+    :meth:`~Source.make_fingerprint` (the inner source's fingerprint and what the
+    wrapper adds), and call ``super().__init__(inner)``; :attr:`patcher` and
+    :attr:`variables` are the inner source's unless they say otherwise.
+
+    Parameters
+    ----------
+    inner
+        The source whose items are wrapped, one for one.
+
+    Examples
+    --------
+    >>> import numpy as np, xarray as xr, xpatch
+    >>> from xpatch.grain.base import WrappedSource
+    >>> class Doubled(WrappedSource):
+    ...     def __getitem__(self, index):
+    ...         item = self.inner[index]
+    ...         return {**item, "data": 2 * item["data"]}
+    ...     def make_fingerprint(self):
+    ...         return ("doubled" + self.inner.fingerprint)[:16]
+    >>> da_ = xr.DataArray(np.ones((8, 8)), dims=("y", "x")).chunk(4)
+    >>> src = Doubled(da_.patch(y=4, x=4).to_grain())
+    >>> src.chunk_reads is src.inner, float(src[0]["data"].sum()), src.chunk_count
+    (True, 32.0, 4)
+    """
+
+    def __init__(self, inner: Source) -> None:
+        self._inner = inner
+        self._fingerprint = None
+
+    def __len__(self) -> int:
+        return len(self._inner)
+
+    @property
+    def inner(self) -> Source:
+        """The source whose items are wrapped: its reads, its cache and its order."""
+        return self._inner
+
+    @property
+    def chunk_reads(self) -> ChunkReads:
+        """The inner source's chunk reads (:attr:`Source.chunk_reads`)."""
+        return self._inner.chunk_reads
+
+    @property
+    def patcher(self) -> Any:
+        """What the inner source was built from."""
+        return self._inner.patcher
+
+    @property
+    def variables(self) -> tuple[Hashable, ...]:
+        """The inner source's data keys."""
+        return self._inner.variables
+
+    # -- the inner source's chunks, for callers that ask the wrapper ---------------------
+
+    def cache_stats(self) -> CacheStats:
+        """Chunk loads and hits of this process (the inner source's cache)."""
+        return self._inner.cache_stats()
+
+    def clear_cache(self) -> None:
+        """Drop the inner source's cached chunks and reset its counters."""
+        self._inner.clear_cache()
+
+    @property
+    def chunk_count(self) -> int:
+        """Number of the inner source's chunks."""
+        return self._inner.chunk_count
+
+    def chunk_of_patch(self) -> np.ndarray:
+        """For every patch, the chunk holding its anchor (``chunk_reads.chunk_of_patch``)."""
+        return self.chunk_reads.chunk_of_patch()
+
+    def shuffle_groups(self) -> np.ndarray:
+        """Return the groups ``order="chunk"`` visits (``chunk_reads.shuffle_groups``)."""
+        return self.chunk_reads.shuffle_groups()
+
+    def touched_chunks(self) -> np.ndarray:
+        """Return the chunks each patch touches (``chunk_reads.touched_chunks``)."""
+        return self.chunk_reads.touched_chunks()
+
+    def chunk_grids(self) -> list[tuple[int, ...]]:
+        """Return the chunk grid of each scene (``chunk_reads.chunk_grids``)."""
+        return self.chunk_reads.chunk_grids()
+
+    def sweep_settings(self, mix: int | None, ahead: int | None) -> tuple[int, int]:
+        """Return ``(mix, ahead)`` of a sweep (``chunk_reads.sweep_settings``)."""
+        return self.chunk_reads.sweep_settings(mix, ahead)
+
+    def read_ahead(self, chunk: int, wanted: Callable[[], bool] | None = None) -> None:
+        """Load chunk ``chunk`` ahead of use (``chunk_reads.read_ahead``)."""
+        self.chunk_reads.read_ahead(chunk, wanted)
+
+    def release(self, chunk: int, keep_frame: bool) -> None:
+        """Drop chunk ``chunk`` (``chunk_reads.release``)."""
+        self.chunk_reads.release(chunk, keep_frame)
+
+    def set_sweep_direction(self, reversed_axes: list[tuple[bool, ...]]) -> None:
+        """Face a sweep's direction (``chunk_reads.set_sweep_direction``)."""
+        self.chunk_reads.set_sweep_direction(reversed_axes)

@@ -27,7 +27,7 @@ from xpatch.core.shuffle import (
     worker_permutation,
 )
 from xpatch.core.sweep import sweep_permutation, sweep_ranks
-from xpatch.grain.readahead import SweepReads
+from xpatch.grain.readahead import ChunkReads, SweepReads
 
 #: The orders :meth:`~xpatch.grain.base.Source.chunk_shuffle` offers.
 Order = Literal["sweep", "chunk"]
@@ -35,7 +35,12 @@ ORDERS = ("sweep", "chunk")
 
 
 class ShuffledSource(Protocol):
-    """What the datasets here read of a source (:class:`xpatch.grain.base.Source`)."""
+    """What the datasets here read of a source (:class:`xpatch.grain.base.Source`).
+
+    Its items and what identifies them; its chunks only through :attr:`chunk_reads`
+    (the source itself, or the inner source of a wrapper), which orders the epochs
+    and is read ahead.
+    """
 
     fingerprint: str
     patcher: Any
@@ -43,19 +48,8 @@ class ShuffledSource(Protocol):
 
     def __len__(self) -> int: ...
 
-    def chunk_of_patch(self) -> np.ndarray: ...  # noqa: D102
-
-    def shuffle_groups(self) -> np.ndarray: ...  # noqa: D102
-
-    def touched_chunks(self) -> np.ndarray: ...  # noqa: D102
-
-    def chunk_grids(self) -> list[tuple[int, ...]]: ...  # noqa: D102
-
-    def sweep_settings(self, mix: int | None, ahead: int | None) -> tuple[int, int]: ...  # noqa: D102
-
-    def read_ahead(self, chunk: int, wanted: Any = None) -> None: ...  # noqa: D102
-
-    def release(self, chunk: int, keep_frame: bool) -> None: ...  # noqa: D102
+    @property
+    def chunk_reads(self) -> ChunkReads: ...  # noqa: D102
 
 
 #: Keys of a fingerprinted iterator state: the source's fingerprint, a readable
@@ -101,15 +95,16 @@ def chunk_shuffle(
         raise OptionError(f"read_ahead={read_ahead!r} must be an int >= 0 (0: no reads ahead).")
     if dataset is None:
         dataset = grain.MapDataset.source(source)
-    groups = source.chunk_of_patch()
+    reads = source.chunk_reads
+    groups = reads.chunk_of_patch()
     # Shards split the patches by anchor chunk; the order may group them otherwise.
     sweep = None
     if order == "sweep":
-        mix, ahead = source.sweep_settings(mix, read_ahead)
-        visits = source.touched_chunks()
-        sweep = Sweep(source.chunk_grids(), mix, ahead)
+        mix, ahead = reads.sweep_settings(mix, read_ahead)
+        visits = reads.touched_chunks()
+        sweep = Sweep(reads.chunk_grids(), mix, ahead)
     else:
-        visits = source.shuffle_groups()
+        visits = reads.shuffle_groups()
     if len(dataset) != len(groups):
         raise OptionError(
             f"dataset has {len(dataset)} elements and the source {len(groups)} patches; "
@@ -206,7 +201,9 @@ class ChunkShuffleMapDataset(grain.MapDataset):
     members
         The parent's elements to serve (a shard); default all of them.
     source
-        The :class:`~xpatch.grain.base.Source` whose patches ``parent`` serves.
+        The :class:`~xpatch.grain.base.Source` whose patches ``parent`` serves: its
+        fingerprint goes in the state, its :attr:`~xpatch.grain.base.Source.chunk_reads`
+        are read ahead of a sweep.
     dealt
         ``(worker_count, batch_size)``: each epoch's order is dealt to
         ``mp_prefetch`` workers that take every ``worker_count``-th batch of
@@ -324,8 +321,9 @@ class ChunkShuffleMapDataset(grain.MapDataset):
             return self._reads
         with self._lock:
             if self._reads is None:
+                # The chunk reads, not the items: a wrapper's are its inner source's.
                 self._reads = SweepReads(
-                    self._source,
+                    self._source.chunk_reads,
                     self._groups,
                     self._sweep.chunk_count,
                     self.permutation,

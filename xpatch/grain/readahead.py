@@ -95,14 +95,55 @@ def _in_order_of(positions: np.ndarray, used: np.ndarray) -> tuple[np.ndarray, n
     return chunks, positions[chunks]
 
 
-class ReadsChunks(Protocol):
-    """What :class:`SweepReads` asks of a source: load or drop a chunk by global id."""
+class ChunkReads(Protocol):
+    """The chunk-read contract of a source: what its chunks are, in what order, and their reads.
 
-    def read_ahead(self, chunk: int, wanted: Callable[[], bool] | None = None) -> None: ...  # noqa: D102
+    A source's items are one contract (``__len__``, ``__getitem__``, the
+    fingerprint); how its chunks are read is this one. Every
+    :class:`~xpatch.grain.base.Source` hands the object that does them as
+    :attr:`~xpatch.grain.base.Source.chunk_reads`: a source that reads its own
+    chunks (:class:`~xpatch.grain.PatchSource`, :class:`~xpatch.scenes.SceneSource`,
+    :class:`~xpatch.tree.TreeSource`) is its own, a source whose items are built from
+    another's (:class:`~xpatch.grain.base.WrappedSource`) hands the inner source's.
+    The chunk-local orders (:mod:`xpatch.grain.datasets`, ``Source.chunk_shuffled_order``)
+    ask the first five; :class:`SweepReads` asks the last three. Chunks are named by
+    global ids, the source's chunks numbered scene after scene.
+    """
 
-    def release(self, chunk: int, keep_frame: bool) -> None: ...  # noqa: D102
+    def chunk_of_patch(self) -> np.ndarray:
+        """For every patch, the (global) id of the chunk holding its anchor."""
+        ...
 
-    def set_sweep_direction(self, reversed_axes: list[tuple[bool, ...]]) -> None: ...  # noqa: D102
+    def shuffle_groups(self) -> np.ndarray:
+        """Return the groups ``order="chunk"`` visits: ``(n,)`` or ``(n, m)`` labels, -1 padded.
+
+        With ``(n, m)`` labels a patch comes with the last of its groups.
+        """
+        ...
+
+    def touched_chunks(self) -> np.ndarray:
+        """``(n, m)``: the global ids of the chunks each patch touches, -1 padded."""
+        ...
+
+    def chunk_grids(self) -> list[tuple[int, ...]]:
+        """Return the number of chunks along each patched axis, per scene (global ids follow)."""
+        ...
+
+    def sweep_settings(self, mix: int | None, ahead: int | None) -> tuple[int, int]:
+        """Return ``(mix, ahead)`` for a sweep within the cache, and keep the frames that pay."""
+        ...
+
+    def read_ahead(self, chunk: int, wanted: Callable[[], bool] | None = None) -> None:
+        """Load chunk ``chunk`` before a patch asks for it, if ``wanted()`` when it starts."""
+        ...
+
+    def release(self, chunk: int, keep_frame: bool) -> None:
+        """Drop chunk ``chunk`` from the cache, keeping its frame or not."""
+        ...
+
+    def set_sweep_direction(self, reversed_axes: list[tuple[bool, ...]]) -> None:
+        """Keep only the frame sides facing what a sweep visits later (per scene, per axis)."""
+        ...
 
 
 class SweepReads:
@@ -110,8 +151,9 @@ class SweepReads:
 
     Parameters
     ----------
-    source
-        Loads and drops chunks (:meth:`xpatch.grain.base.Source.read_ahead`, ``release``).
+    chunk_reads
+        Loads and drops chunks (:meth:`ChunkReads.read_ahead`, :meth:`ChunkReads.release`):
+        a source's :attr:`~xpatch.grain.base.Source.chunk_reads`, not the source.
     touched
         ``(n, m)``: the global chunk ids of the patch at every element, -1 padded.
     chunk_count
@@ -120,9 +162,9 @@ class SweepReads:
         ``permutation(epoch)``: the element at each position of the epoch.
     sweep_ranks
         ``sweep_ranks(epoch)``: every chunk's visit rank, and per scene and axis
-        whether that epoch's sweep runs from high to low; the source keeps the
+        whether that epoch's sweep runs from high to low; ``chunk_reads`` keeps the
         frame sides that face the chunks visited later
-        (:meth:`~xpatch.grain.base.Source.set_sweep_direction`).
+        (:meth:`ChunkReads.set_sweep_direction`).
     ahead
         How many chunks are read ahead of the newest position and may wait in the
         cache for it; more are in flight where reads land late
@@ -134,7 +176,7 @@ class SweepReads:
 
     def __init__(
         self,
-        source: ReadsChunks,
+        chunk_reads: ChunkReads,
         touched: np.ndarray,
         chunk_count: int,
         permutation: Callable[[int], np.ndarray],
@@ -142,7 +184,7 @@ class SweepReads:
         ahead: int,
         dealt: tuple[int, int] = (1, 1),
     ) -> None:
-        self._source = source
+        self._chunk_reads = chunk_reads
         self._touched = touched
         self._chunk_count = int(chunk_count)
         self._permutation = permutation
@@ -234,9 +276,9 @@ class SweepReads:
             self._retired[shrink] = True  # whole no more: a late read ahead must not reload it
         # Only patches keyed to chunks visited later still need these: their frames do.
         for chunk in shrink:
-            self._source.release(int(chunk), keep_frame=True)
+            self._chunk_reads.release(int(chunk), keep_frame=True)
         for chunk in retire:
-            self._source.release(int(chunk), keep_frame=False)
+            self._chunk_reads.release(int(chunk), keep_frame=False)
 
     def _keep_within_spread(self, epoch: int, position: int) -> bool:
         # Wait (the lock released) while the oldest position not yet read is more than
@@ -292,7 +334,7 @@ class SweepReads:
         for condition in self._held.values():
             condition.notify()
         self._ranks, reversed_axes = self._sweep_ranks(epoch)
-        self._source.set_sweep_direction(reversed_axes)
+        self._chunk_reads.set_sweep_direction(reversed_axes)
 
     def _add_worker(self, worker: int) -> None:
         self._workers.add(worker)
@@ -344,7 +386,7 @@ class SweepReads:
             return
         try:
             with store_wait() as waited:
-                self._source.read_ahead(chunk, lambda: not self._retired[chunk])
+                self._chunk_reads.read_ahead(chunk, lambda: not self._retired[chunk])
         except Exception:  # the patch that needs the chunk reads it again, and raises
             return
         with self._lock:
