@@ -217,26 +217,64 @@ class ChunkGrid:
             lasts.append(np.clip(np.searchsorted(s, stop, side="left") - 1, 0, blocks))
         return firsts, lasts
 
-    def touched_ids(self, anchors: np.ndarray, size: Sequence[int]) -> np.ndarray:
+    def touched_ids(
+        self, anchors: np.ndarray, size: Sequence[int], wraps: Sequence[bool] | None = None
+    ) -> np.ndarray:
         """``(n, m)`` flat (C-order) indices of the chunks each patch overlaps, -1 padded.
+
+        Along an axis that ``wraps`` (a periodic dim, or ``pad_mode="wrap"``) the
+        cells a window has before the start or past the end are the other end's,
+        and so are their chunks. A chunk is listed once per patch.
 
         Examples
         --------
-        >>> grid = ChunkGrid.from_chunks([(4, 4)])
+        >>> grid = ChunkGrid.from_chunks([(4, 4, 4)])
         >>> grid.touched_ids(np.array([[0], [2], [6]]), [4]).tolist()
-        [[0, -1], [0, 1], [1, -1]]
+        [[0, -1], [0, 1], [1, 2]]
+        >>> grid.touched_ids(np.array([[10], [-2]]), [4], wraps=[True]).tolist()
+        [[2, 0], [2, 0]]
         """
         n = len(anchors)
-        firsts, lasts = self.spans(anchors, size)
+        firsts, lasts, numblocks = [], [], []
+        for j, starts in enumerate(self.starts):
+            wrapped = bool(wraps[j]) if wraps is not None else False
+            a = np.asarray(anchors[:, j], dtype=np.int64) if n else np.zeros(0, np.int64)
+            extent = starts[-1]
+            if not wrapped:
+                first, last = ChunkGrid((starts,)).spans(a[:, None], [size[j]])
+                firsts.append(first[0])
+                lasts.append(last[0])
+                numblocks.append(len(starts) - 1)
+                continue
+            # The axis tiled as often as the windows reach past it: blocks of the tiles
+            # are the chunks again (their index modulo the chunks' count).
+            before = max(0, -int(a.min())) if n else 0
+            after = max(0, int((a + size[j]).max()) - extent) if n else 0
+            tiles_before, tiles_after = -(-before // extent), -(-after // extent)
+            tiled = [
+                s + t * extent for t in range(-tiles_before, tiles_after + 1) for s in starts[:-1]
+            ] + [extent * (tiles_after + 1)]
+            shift = np.asarray(a) + tiles_before * extent
+            origin = tiled[0]
+            tiled = tuple(s - origin for s in tiled)
+            first, last = ChunkGrid((tiled,)).spans(shift[:, None], [size[j]])
+            firsts.append(first[0])
+            lasts.append(last[0])
+            numblocks.append(len(starts) - 1)
         spans = [int((b - a).max()) + 1 if n else 1 for a, b in zip(firsts, lasts)]
         columns = []
         for offsets in itertools.product(*(range(m) for m in spans)):
             index = [a + o for a, o in zip(firsts, offsets)]
             valid = np.logical_and.reduce([i <= b for i, b in zip(index, lasts)])
-            clipped = [np.minimum(i, b) for i, b in zip(index, lasts)]
+            clipped = [np.minimum(i, b) % m for i, b, m in zip(index, lasts, numblocks)]
             flat = np.ravel_multi_index(clipped, self.numblocks) if n else np.zeros(0, np.int64)
             columns.append(np.where(valid, flat, -1))
-        return np.stack(columns, axis=1).astype(np.int64)
+        touched = np.stack(columns, axis=1).astype(np.int64)
+        if wraps is not None and any(wraps) and touched.shape[1] > 1:
+            for k in range(1, touched.shape[1]):  # a window longer than a turn: once each
+                repeated = (touched[:, :k] == touched[:, k : k + 1]).any(axis=1)
+                touched[repeated, k] = -1
+        return touched
 
     def project(self, axes: Sequence[int]) -> ChunkGrid:
         """Return the grid along some of its axes."""

@@ -147,6 +147,8 @@ class PatchReader:
         self.size = list(size)
         self.shape = list(shape)
         self.pad_mode = axis_modes(pad_mode, len(self.size))
+        #: Per patched dim, whether cells outside it are the other end's (periodic, "wrap").
+        self.wraps = tuple(mode == "wrap" for mode in self.pad_mode)
         self.window = window
         self.cache_bytes = int(cache_bytes)
         self.frames: FrameLayout | None = None  # set when frames are kept
@@ -169,7 +171,7 @@ class PatchReader:
         self._alone = np.full(len(anchors), -1, dtype=np.int64)
         self._blocks: list[tuple[int, ...]] = []
         if grid is not None and len(anchors) and all(plan.lazy for plan in self.plans):
-            touched = grid.touched_ids(anchors, size)
+            touched = grid.touched_ids(anchors, size, self.wraps)
             inside = np.all(anchors >= 0, axis=1) & np.all(
                 anchors + np.asarray(size) <= np.asarray(shape), axis=1
             )
@@ -186,6 +188,7 @@ class PatchReader:
         # Readers pickled before the in-order reads lack their (per-process) state.
         state = {"_last_position": -2, "_streak": 0, "_in_order": False, **state}
         state["pad_mode"] = axis_modes(state["pad_mode"], len(state["size"]))
+        state["wraps"] = tuple(mode == "wrap" for mode in state["pad_mode"])
         state["_last_uses"] = state.get("_last_uses")
         self.__dict__.update(state)
         self.cache = ChunkCache(self.cache_bytes, self.frame_of if self.frames else None)
@@ -290,8 +293,26 @@ class PatchReader:
     def _frame_layout(self) -> FrameLayout:
         # Measured once: the fingerprint and every epoch's order ask whether frames fit.
         if self._layout is None:
-            self._layout = FrameLayout.measure(self.grid, self._anchors, self.size)
+            self._layout = FrameLayout.measure(self.grid, self._wrapped_anchors(), self.size)
         return self._layout
+
+    def _wrapped_anchors(self) -> np.ndarray:
+        """Return the anchors, and a turn away those of windows that run past a wrapping dim.
+
+        A window past the end reads the first cells: its copy a turn back says which
+        (a frame keeps them); one before the start reads the last cells.
+        """
+        anchors = self._anchors
+        for j, wraps in enumerate(self.wraps):
+            if not wraps or not len(anchors):
+                continue
+            n, s = self.shape[j], self.size[j]
+            past = anchors[anchors[:, j] + s > n]
+            before = anchors[anchors[:, j] < 0]
+            moved = [past - np.eye(len(self.size), dtype=np.int64)[j] * n]
+            moved.append(before + np.eye(len(self.size), dtype=np.int64)[j] * n)
+            anchors = np.concatenate([anchors, *moved])
+        return anchors
 
     # -- one patch ----------------------------------------------------------------------
 
@@ -329,7 +350,7 @@ class PatchReader:
                 self.grid.count * self._largest_chunk_bytes() > self.cache_bytes
             )
             if whole and all(plan.lazy for plan in self.plans):
-                touched = self.grid.touched_ids(self._anchors, self.size)
+                touched = self.grid.touched_ids(self._anchors, self.size, self.wraps)
                 order = np.arange(len(self._anchors))
                 _, last = chunk_uses(order, touched, self.grid.count)
                 for chunk_id in np.flatnonzero(last >= 0).tolist():
@@ -356,17 +377,18 @@ class PatchReader:
                 weights[tuple(index)] = 0
         return weights
 
-    def _pieces(self, anchor: Sequence[int]) -> list:
+    def _pieces(self, anchor: Sequence[int], size: Sequence[int] | None = None) -> list:
         # (region, values) pairs, one per touched chunk: the chunk, or a slab of its frame.
-        blocks = self.grid.touched(anchor, self.size)
-        if len(blocks) == 1 or self.frames is None:
+        # A box of a wrapped read (size given) is a chunk's edge: its frame may hold it.
+        blocks = self.grid.touched(anchor, self.size if size is None else size)
+        size = self.size if size is None else size
+        if self.frames is None or (len(blocks) == 1 and size is self.size):
             return [(self.grid.region(b), self._chunk(b)) for b in blocks]
         pieces = []
         for block in blocks:
             region = self.grid.region(block)
             box = tuple(
-                slice(max(a, r.start), min(a + s, r.stop))
-                for a, s, r in zip(anchor, self.size, region)
+                slice(max(a, r.start), min(a + s, r.stop)) for a, s, r in zip(anchor, size, region)
             )
             whole, value = self.cache.get_or_frame(
                 self._key(block),
@@ -533,8 +555,8 @@ class PatchReader:
         for ax, (a, b) in zip(plan.axes, box):
             shape[ax] = b - a
         pieces = [
-            (tuple(self.grid.region(b)[j] for j in plan.columns), self._chunk(b)[plan.name])
-            for b in self.grid.touched(lo, size)
+            (tuple(region[j] for j in plan.columns), values[plan.name])
+            for region, values in self._pieces(lo, size)
         ]
         return assemble_patch(
             np.empty(shape, plan.dtype), plan.axes, [lo[j] for j in plan.columns], pieces

@@ -297,7 +297,7 @@ class PatchSource(Source):
         grid = self._reader.grid
         if grid is None:
             return np.zeros((len(self), 1), dtype=np.int64)
-        return grid.touched_ids(self._read_anchors, self._reader.size)
+        return grid.touched_ids(self._read_anchors, self._reader.size, self._reader.wraps)
 
     def shuffle_groups(self) -> np.ndarray:
         """Return the groups :meth:`chunk_shuffle` visits: a chunk per patch, or all it touches.
