@@ -233,6 +233,20 @@ class Geometry:
         """
         return tuple(s - 1 if self.wraps(j) else 0 for j, s in enumerate(self.size))
 
+    def seam_copies(self, anchors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Return ``(rows, copies)``: the patches at ``anchors`` that cross a seam, a turn back.
+
+        :func:`wrapped_copies` over this grid's periodic axes (none: nothing crosses).
+
+        Examples
+        --------
+        >>> g = Geometry.build({"x": 8}, {"x": 4}, 3, "periodic")
+        >>> rows, copies = g.seam_copies(np.array([[0], [3], [6]]))
+        >>> rows.tolist(), copies.ravel().tolist()
+        ([2], [-2])
+        """
+        return wrapped_copies(anchors, self.size, self.shape, self.periodic_axes)
+
     def anchors_around(self, centres: np.ndarray) -> np.ndarray:
         """Anchors of the patches centred on ``(n, k)`` cells, kept on the grid.
 

@@ -23,7 +23,6 @@ import dask.array as da
 import numpy as np
 import xarray as xr
 
-from xpatch.core.geometry import wrapped_copies
 from xpatch.core.plan import Plan
 from xpatch.xarray.apply import ApplyOptions, BatchFunction
 from xpatch.xarray.apply import apply as apply_layout
@@ -54,7 +53,7 @@ class SeamBlend:
         """Build the blend of a layout with periodic dims."""
         g = layout.geometry
         anchors = layout.plan.anchors
-        rows, copies = wrapped_copies(anchors, g.size, g.shape, g.periodic_axes)
+        rows, copies = g.seam_copies(anchors)
         if not len(copies):
             return cls(layout, rows)
         every = np.concatenate([anchors, copies])
