@@ -401,6 +401,22 @@ class PatchReader:
     def _chunk(self, block: tuple[int, ...]) -> dict[Hashable, np.ndarray]:
         return self.cache.get(self._key(block), lambda: self._load_next(block))
 
+    def alone_chunks(self) -> np.ndarray:
+        """For every patch, the flat index of the one chunk holding it whole, else -1.
+
+        -1 also for a patch reaching past the array, and for every patch when a
+        variable is not read from chunks: those take :meth:`read`.
+        """
+        return self._alone
+
+    def chunk(self, chunk: int) -> dict[Hashable, np.ndarray]:
+        """The chunk with flat index ``chunk``: each variable's values, read-only, via the cache.
+
+        A batch gathers its patches of one chunk from it at once
+        (:class:`~xpatch.grain.batches.BatchSource`).
+        """
+        return self._chunk(self.block_of(chunk))
+
     def _load_next(self, block: tuple[int, ...]) -> dict[Hashable, np.ndarray]:
         """Load ``block``; in index order, with the chunks after it not held, in one read."""
         run = self._run_from(block) if self._in_order else [block]
