@@ -1,6 +1,7 @@
 """Training with Grain (and PyTorch): data sources over patches, and their pipelines.
 
-The sources need only numpy: :class:`PatchSource` (one patched array or Dataset);
+The sources need only numpy: :class:`PatchSource` (one patched array or Dataset),
+:class:`BatchSource` (whole batches of a source, gathered chunk by chunk);
 every source shares :class:`~xpatch.grain.base.Source` (the chunk-local order, the
 fingerprint, the checkpoints). Their pipeline methods (``chunk_shuffle``,
 ``with_fingerprint``) need ``pip install "xarray-patch[grain]"``;
@@ -8,11 +9,13 @@ fingerprint, the checkpoints). Their pipeline methods (``chunk_shuffle``,
 """
 
 from xpatch.grain.base import GRAIN_HINT, Source, mark_absl_flags_parsed, require_grain
+from xpatch.grain.batches import BatchSource
 from xpatch.grain.source import ITEM_KEYS, PatchSource
 
 __all__ = [
     "GRAIN_HINT",
     "ITEM_KEYS",
+    "BatchSource",
     "PatchSource",
     "Source",
     "mark_absl_flags_parsed",

@@ -410,7 +410,7 @@ class PatchReader:
         return self._alone
 
     def chunk(self, chunk: int) -> dict[Hashable, np.ndarray]:
-        """The chunk with flat index ``chunk``: each variable's values, read-only, via the cache.
+        """Return chunk ``chunk`` (a flat index): each variable's values, read-only, via the cache.
 
         A batch gathers its patches of one chunk from it at once
         (:class:`~xpatch.grain.batches.BatchSource`).

@@ -1,0 +1,217 @@
+"""BatchSource: whole batches of a chunk-shuffled epoch, gathered chunk by chunk.
+
+Every batch must equal ``np.stack`` of the items it holds, in the order
+``src.chunk_shuffled_order`` gives, epoch after epoch; through Grain (and its
+worker processes) it resumes exactly from a checkpoint.
+"""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pandas as pd
+import pytest
+import xarray as xr
+
+import xpatch
+from xpatch.core.errors import OptionError
+from xpatch.grain import BatchSource
+from xpatch.grain.batches import stack_items
+
+grain = pytest.importorskip("grain")
+
+
+def expected_batches(src, batches, epochs=1):
+    """The batches as np.stack of the per-item dicts, epoch after epoch."""
+    out = []
+    b = batches.batch_size
+    for epoch in range(epochs):
+        order = src.chunk_shuffled_order(seed=batches._seed, epoch=epoch)
+        for k in range(len(batches)):
+            chosen = order[k * b : (k + 1) * b]
+            out.append(stack_items([src[int(i)] for i in chosen]))
+    return out
+
+
+def assert_same(got: dict, want: dict) -> None:
+    assert sorted(got) == sorted(want)
+    for key in want:
+        if isinstance(want[key], dict):
+            assert_same(got[key], want[key])
+        else:
+            assert got[key].dtype == want[key].dtype, key
+            assert got[key].shape == want[key].shape, key
+            np.testing.assert_array_equal(got[key], want[key], err_msg=str(key))
+
+
+def scene(shape=(40, 44), chunks=10) -> xr.DataArray:
+    values = np.arange(np.prod(shape), dtype="float32").reshape(shape)
+    return xr.DataArray(values, dims=("y", "x")).chunk(chunks)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        # straddling chunks and reaching past the array (boundary="pad"), weights zeroed there
+        lambda: scene().patch(y=8, x=8, stride=6, boundary="pad").to_grain(),
+        # a window across a periodic seam and a halo: read anchors differ from the items'
+        lambda: scene().patch(y=8, x=8, stride=8, halo=1).to_grain(),
+        # no dask chunks: every patch takes the per-patch read
+        lambda: scene().compute().patch(y=8, x=8, stride=6).to_grain(weights=False),
+    ],
+    ids=["pad", "halo", "numpy"],
+)
+def test_every_batch_equals_the_stacked_items_in_order_epoch_after_epoch(make):
+    src = make()
+    batches = BatchSource(src, 5, seed=3)
+    assert len(batches) == -(-len(src) // 5)
+    want = expected_batches(src, batches, epochs=2)
+    got = [batches[i] for i in range(2 * len(batches))]
+    for g, w in zip(got, want):
+        assert_same(g, w)
+    # epochs differ: the second one is its own order
+    assert got[0]["index"].tolist() != got[len(batches)]["index"].tolist()
+
+
+def test_a_dataset_with_axes_in_other_orders_and_a_transform():
+    rng = np.random.default_rng(0)
+    y, x = np.arange(30.0), np.arange(36.0)
+    ds = xr.Dataset(
+        {
+            "image": (("band", "y", "x"), rng.normal(size=(3, 30, 36)).astype("f4")),
+            "mask": (("x", "y"), rng.integers(0, 9, (36, 30)).astype("u1")),
+            "extra": (("y", "t", "x"), rng.normal(size=(30, 2, 36))),
+        },
+        coords={"y": y, "x": x},
+    ).chunk({"y": 10, "x": 12})
+    src = ds.patch(y=5, x=6, stride=5).to_grain(transform=True)
+    batches = BatchSource(src, 7, seed=1)
+    for got, want in zip([batches[i] for i in range(len(batches))], expected_batches(src, batches)):
+        assert_same(got, want)
+    assert batches[0]["transform"].shape == (7, 6)
+
+
+def test_patches_inside_a_chunk_are_gathered_not_read_one_by_one():
+    # ERA5-like: whole fields one time step each, chunks of 4 time steps
+    values = np.arange(32 * 6 * 8, dtype="float32").reshape(32, 6, 8)
+    da_ = xr.DataArray(values, dims=("time", "lat", "lon")).chunk({"time": 4})
+    src = da_.patch(time=1, lat=6, lon=8).to_grain()
+    reads = []
+    original = src.reader.read
+    src.reader.read = lambda *args: reads.append(args) or original(*args)
+    batches = BatchSource(src, 8, seed=0, drop_remainder=True)
+    got = [batches[i] for i in range(len(batches))]
+    # one read per batch: its first item, which says which keys an item has
+    assert len(reads) == len(batches) == 4
+    del src.reader.read
+    for g, w in zip(got, expected_batches(src, batches)):
+        assert_same(g, w)
+    assert src.cache_stats().loads == 8  # each chunk once
+
+
+def test_drop_remainder_and_a_short_last_batch():
+    src = scene().patch(y=8, x=8, stride=8).to_grain()
+    assert len(src) == 30
+    assert len(BatchSource(src, 8, seed=0)) == 4
+    assert len(BatchSource(src, 8, seed=0)[3]["index"]) == 6
+    dropped = BatchSource(src, 8, seed=0, drop_remainder=True)
+    assert len(dropped) == 3
+    assert dropped[3]["index"].tolist() == src.chunk_shuffled_order(seed=0, epoch=1)[:8].tolist()
+
+
+def test_forecast_samples_are_batched_per_sample_and_exact():
+    times = pd.date_range("2021-01-01", periods=16, freq="6h")
+    rng = np.random.default_rng(1)
+    era5 = xr.Dataset(
+        {
+            "t2m": (("time", "lat", "lon"), rng.normal(size=(16, 8, 12)).astype("f4")),
+            "oro": (("lat", "lon"), rng.normal(size=(8, 12)).astype("f4")),
+        },
+        coords={"time": times},
+    ).chunk({"time": 4})
+    fc = era5.patch(time=xpatch.Forecast(inputs=["-6h", "0h"], targets=["6h"]), lat=4, lon=6)
+    src = fc.to_grain()
+    batches = BatchSource(src, 6, seed=2)
+    for got, want in zip([batches[i] for i in range(len(batches))], expected_batches(src, batches)):
+        assert_same(got, want)
+    assert batches[0]["inputs"]["t2m"].shape == (6, 2, 4, 6)
+
+
+def test_bad_arguments_are_refused_naming_them():
+    src = scene().patch(y=8, x=8, stride=8).to_grain()
+    with pytest.raises(OptionError, match="batch_size=0"):
+        BatchSource(src, 0, seed=0)
+    with pytest.raises(OptionError, match="seed=-1"):
+        BatchSource(src, 4, seed=-1)
+    with pytest.raises(OptionError, match="drop_remainder=True leaves no batch"):
+        BatchSource(src, 31, seed=0, drop_remainder=True)
+    with pytest.raises(OptionError, match="drop_remainder='no'"):
+        BatchSource(src, 4, seed=0, drop_remainder="no")
+    with pytest.raises(OptionError, match="order='random'"):
+        BatchSource(src, 4, seed=0, order="random")
+    with pytest.raises(OptionError, match="not an xpatch source"):
+        BatchSource(list(range(9)), 4, seed=0)
+    with pytest.raises(IndexError, match="-1"):
+        BatchSource(src, 4, seed=0)[-1]
+
+
+def test_fingerprint_names_the_source_batch_size_and_seed_and_pickles():
+    def make(**kw):
+        args = {"batch_size": 4, "seed": 0, **kw}
+        size = args.pop("batch_size")
+        return BatchSource(scene().patch(y=8, x=8, stride=8).to_grain(), size, **args)
+
+    fp = make().fingerprint
+    assert fp == make().fingerprint and len(fp) == 16
+    assert len({fp, make(batch_size=5).fingerprint, make(seed=1).fingerprint}) == 3
+    batches = make()
+    first = batches[0]
+    copy = pickle.loads(pickle.dumps(batches))
+    assert copy.fingerprint == fp
+    assert_same(copy[0], first)
+
+
+def indices(iterator, count=None):
+    out = []
+    for batch in iterator:
+        out.append(batch["index"].tolist())
+        if count is not None and len(out) == count:
+            break
+    return out
+
+
+def test_grain_pipeline_keeps_epochs_and_resumes_mid_epoch():
+    src = scene().patch(y=8, x=8, stride=6).to_grain()
+    batches = BatchSource(src, 6, seed=5)
+    pipeline = batches.dataset().repeat(2).to_iter_dataset().pipe(batches.with_fingerprint)
+    every = indices(pipeline)
+    assert every == [batches[i]["index"].tolist() for i in range(2 * len(batches))]
+    iterator = iter(pipeline)
+    head = indices(iterator, count=3)
+    state = iterator.get_state()
+    assert state["xpatch_fingerprint"] == batches.fingerprint
+    restored = iter(pipeline)
+    restored.set_state(state)
+    assert head + indices(restored) == every
+    other = BatchSource(src, 6, seed=6)
+    with pytest.raises(OptionError, match="fingerprint"):
+        iter(other.dataset().to_iter_dataset()).set_state(state)
+
+
+def test_worker_processes_give_the_same_batches_and_resume(tmp_path):
+    path = tmp_path / "scene.zarr"
+    scene((48, 40), 16).to_dataset(name="v").to_zarr(path)
+    src = xr.open_zarr(path)["v"].patch(y=8, x=8, stride=8).to_grain()
+    batches = BatchSource(src, 4, seed=7)
+    pipeline = batches.dataset().to_iter_dataset()
+    single = indices(pipeline)
+    options = grain.MultiprocessingOptions(num_workers=2)
+    iterator = iter(pipeline.mp_prefetch(options))
+    head = indices(iterator, count=3)
+    state = iterator.get_state()
+    iterator.close()
+    restored = iter(pipeline.mp_prefetch(options))
+    restored.set_state(state)
+    assert head + indices(restored) == single
+    restored.close()

@@ -1,0 +1,403 @@
+"""Whole batches as items: Python work per chunk a batch touches, not per sample.
+
+Grain's ``MapDataset.batch`` asks a source for one sample per Python call, so a
+batch of 16 costs 16 trips through the source, each a cache lookup, a slice and
+a few small arrays. :class:`BatchSource` serves batch ``k`` of a chunk-shuffled
+epoch as one item: for a :class:`~xpatch.grain.PatchSource`, the patches of the
+batch that lie whole inside one chunk (most of them) are gathered from that
+chunk in one vectorized copy per variable into one preallocated ``(batch, ...)``
+array; only the patches that straddle chunks or reach past the array take the
+per-patch read.
+
+It needs only numpy; :meth:`BatchSource.dataset` and
+:meth:`BatchSource.with_fingerprint` import Grain.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Hashable, Sequence
+from typing import Any, Literal
+
+import numpy as np
+from dask.base import tokenize
+from numpy.lib.stride_tricks import sliding_window_view
+
+from xpatch.core.chunk_cache import CacheStats
+from xpatch.core.errors import OptionError
+from xpatch.core.shuffle import check_count, check_seed
+from xpatch.grain.base import Source, mark_absl_flags_parsed, require_grain
+from xpatch.grain.reader import PatchReader, VariablePlan
+from xpatch.grain.source import PatchSource
+from xpatch.xarray.georef import patch_transforms
+from xpatch.xarray.layout import layout_of
+
+#: Epoch orders a process keeps: two are live at an epoch's boundary under prefetching.
+KEPT_EPOCHS = 2
+
+
+class BatchSource:
+    """Batches of a source's items in its chunk-shuffled order: item ``k`` is batch ``k``.
+
+    Epoch ``e`` is ``source.chunk_shuffled_order(seed, e, order, mix)`` cut into
+    runs of ``batch_size``; item ``i`` is batch ``i % len(self)`` of epoch
+    ``i // len(self)`` (as :meth:`~xpatch.grain.base.Source.chunk_shuffle` counts
+    epochs after ``.repeat()``: use :meth:`dataset`, since
+    ``grain.MapDataset.source`` wraps indices into the first epoch). An item is a
+    dict like the source's items with a leading batch axis on every array, equal
+    to ``np.stack`` of the items it holds (nested dicts, as a forecast's
+    ``"inputs"``, stacked key by key).
+
+    How a batch is assembled:
+
+    - :class:`~xpatch.grain.PatchSource`: vectorized. The patches lying whole
+      inside one chunk are copied out of it by one gather per chunk and variable
+      into a preallocated ``(batch, ...)`` array (their ``"weights"`` are the
+      window, broadcast); the others (straddling chunks, past the array, or data
+      without dask chunks) are read one by one as ``src[i]`` reads them. Chunks
+      come through the source's own cache (each process its own).
+    - Any other source (:class:`~xpatch.forecast.source.ForecastSource`,
+      :class:`~xpatch.scenes.SceneSource`, :class:`~xpatch.tree.TreeSource`):
+      one ``source[i]`` per sample, stacked (correct, not faster); items of
+      different shapes (scenes of other variables) cannot be stacked and raise.
+
+    Nothing is read ahead in background threads: with Grain's read threads,
+    several batches are assembled at once.
+
+    Parameters
+    ----------
+    source
+        The source of the items (an :class:`~xpatch.grain.base.Source`).
+    batch_size
+        Items per batch, an int >= 1.
+    seed
+        The seed of the chunk-shuffled order, ``0 <= seed < 2**32``.
+    drop_remainder
+        Leave out the last batch of an epoch when it is short (default: serve it
+        with fewer items).
+    order, mix
+        As :meth:`~xpatch.grain.base.Source.chunk_shuffled_order` takes them.
+
+    Examples
+    --------
+    >>> import numpy as np, xarray as xr, xpatch
+    >>> from xpatch.grain import BatchSource
+    >>> da_ = xr.DataArray(np.arange(4096.0).reshape(64, 64), dims=("y", "x")).chunk(16)
+    >>> src = da_.patch(y=8, x=8, stride=6).to_grain()
+    >>> batches = BatchSource(src, 16, seed=0)
+    >>> len(src), len(batches), batches[0]["data"].shape, batches[0]["anchor"].shape
+    (121, 8, (16, 8, 8), (16, 2))
+    >>> order = src.chunk_shuffled_order(seed=0)
+    >>> bool(np.array_equal(batches[0]["data"], np.stack([src[i]["data"] for i in order[:16]])))
+    True
+    """
+
+    def __init__(
+        self,
+        source: Source,
+        batch_size: int,
+        *,
+        seed: int,
+        drop_remainder: bool = False,
+        order: Literal["sweep", "chunk"] = "sweep",
+        mix: int | None = None,
+    ) -> None:
+        if not isinstance(source, Source):
+            raise OptionError(
+                f"source={type(source).__name__} is not an xpatch source; pass one built "
+                "with .to_grain(), e.g. BatchSource(da.patch(y=64, x=64).to_grain(), 16, seed=0)."
+            )
+        self._batch_size = check_count("batch_size", batch_size)
+        self._seed = check_seed(seed)
+        if not isinstance(drop_remainder, bool | np.bool_):
+            raise OptionError(f"drop_remainder={drop_remainder!r} must be True or False.")
+        if order not in ("sweep", "chunk"):
+            raise OptionError(f"order={order!r} is not one of ('sweep', 'chunk').")
+        self._mix = None if mix is None else check_count("mix", mix)
+        self._order = order
+        self._drop = bool(drop_remainder)
+        n = len(source)
+        count = n // self._batch_size if self._drop else -(-n // self._batch_size)
+        if count == 0:
+            raise OptionError(
+                f"batch_size={batch_size} with drop_remainder=True leaves no batch of the "
+                f"{n} items; lower batch_size or pass drop_remainder=False."
+            )
+        self._source = source
+        self._count = count
+        self._fingerprint: str | None = None
+        self._per_process()
+
+    def _per_process(self) -> None:
+        # Rebuilt in every process: orders are recomputed, the plan of reads measured once.
+        self._lock = threading.Lock()
+        self._orders: dict[int, np.ndarray] = {}
+        self._gather: _PatchGather | None = None
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        for key in ("_lock", "_orders", "_gather"):
+            del state[key]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._per_process()
+        mark_absl_flags_parsed()
+
+    # -- protocol -------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        """Batch ``index % len(self)`` of epoch ``index // len(self)`` (see the class docstring)."""
+        if isinstance(index, bool) or not isinstance(index, int | np.integer):
+            raise TypeError(f"batch index {index!r} must be an int.")
+        if index < 0:
+            raise IndexError(f"batch index {index} must be >= 0 (epoch after epoch).")
+        return self.batch(self.positions(int(index)))
+
+    def positions(self, index: int) -> np.ndarray:
+        """Return the source's item indices in batch ``index`` (epoch after epoch), in order.
+
+        Examples
+        --------
+        >>> import numpy as np, xarray as xr, xpatch
+        >>> src = xr.DataArray(np.zeros((8, 8)), dims=("y", "x")).patch(y=4, x=4).to_grain()
+        >>> batches = xpatch.grain.BatchSource(src, 3, seed=0)
+        >>> sorted(np.concatenate([batches.positions(k) for k in range(2)]).tolist())
+        [0, 1, 2, 3]
+        """
+        epoch, k = divmod(int(index), self._count)
+        order = self.epoch_order(epoch)
+        return order[k * self._batch_size : (k + 1) * self._batch_size]
+
+    def epoch_order(self, epoch: int) -> np.ndarray:
+        """Return the items' order in epoch ``epoch`` (``source.chunk_shuffled_order``)."""
+        with self._lock:
+            order = self._orders.get(epoch)
+        if order is None:
+            order = self._source.chunk_shuffled_order(self._seed, epoch, self._order, self._mix)
+            with self._lock:
+                if len(self._orders) >= KEPT_EPOCHS:
+                    self._orders.pop(min(self._orders))
+                self._orders[epoch] = order
+        return order
+
+    def batch(self, positions: Sequence[int]) -> dict[str, Any]:
+        """Return the items ``positions`` of the source as one batch (arrays stacked).
+
+        Examples
+        --------
+        >>> import numpy as np, xarray as xr, xpatch
+        >>> src = xr.DataArray(np.zeros((8, 8)), dims=("y", "x")).patch(y=4, x=4).to_grain()
+        >>> xpatch.grain.BatchSource(src, 2, seed=0).batch([3, 1])["index"].tolist()
+        [3, 1]
+        """
+        positions = np.asarray(positions, dtype=np.int64)
+        if isinstance(self._source, PatchSource) and len(positions):
+            if self._gather is None:
+                self._gather = _PatchGather(self._source)
+            return self._gather.batch(positions)
+        return stack_items([self._source[int(i)] for i in positions])
+
+    def __repr__(self) -> str:
+        return (
+            f"xpatch.BatchSource({self._count} batches of {self._batch_size} from "
+            f"{self._source!r}, seed={self._seed}, fingerprint={self.fingerprint})"
+        )
+
+    # -- information ------------------------------------------------------------------
+
+    @property
+    def source(self) -> Source:
+        """The source whose items are batched."""
+        return self._source
+
+    @property
+    def batch_size(self) -> int:
+        """Items per batch (the last one of an epoch may hold fewer)."""
+        return self._batch_size
+
+    @property
+    def patcher(self) -> Any:
+        """What the source was built from."""
+        return self._source.patcher
+
+    @property
+    def variables(self) -> tuple[Hashable, ...]:
+        """The source's data keys."""
+        return self._source.variables
+
+    @property
+    def fingerprint(self) -> str:
+        """16 hex digits: the source's fingerprint, the batch size, the order's seed and kind."""
+        if self._fingerprint is None:
+            self._fingerprint = tokenize(
+                "xpatch.BatchSource v1",
+                self._source.fingerprint,
+                self._batch_size,
+                self._seed,
+                self._drop,
+                self._order,
+                self._mix,
+            )[:16]
+        return self._fingerprint
+
+    def cache_stats(self) -> CacheStats:
+        """Chunk loads and hits of this process (the source's cache)."""
+        return self._source.cache_stats()
+
+    # -- pipelines --------------------------------------------------------------------
+
+    def dataset(self) -> Any:
+        """Return a ``grain.MapDataset`` of the batches whose index ``i`` keeps its epoch.
+
+        ``.repeat()`` after it gives epoch ``i // len(self)`` its own order; its
+        iterators (``.to_iter_dataset()``) carry :attr:`fingerprint` in their
+        state; after ``.repeat``, ``.map`` or ``mp_prefetch``, end the pipeline
+        with ``.pipe(batches.with_fingerprint)``.
+
+        Examples
+        --------
+        >>> import numpy as np, xarray as xr, xpatch
+        >>> src = xr.DataArray(np.zeros((8, 8)), dims=("y", "x")).patch(y=4, x=4).to_grain()
+        >>> batches = xpatch.grain.BatchSource(src, 2, seed=0)
+        >>> [b["index"].tolist() for b in batches.dataset().repeat(2)] == [
+        ...     batches[i]["index"].tolist() for i in range(4)]
+        True
+        """
+        require_grain()
+        from xpatch.grain.batch_dataset import BatchMapDataset
+
+        return BatchMapDataset(self)
+
+    def with_fingerprint(self, dataset: Any) -> Any:
+        """Put :attr:`fingerprint` in the state of ``dataset``'s iterators (see ``Source``)."""
+        require_grain()
+        from xpatch.grain.datasets import FingerprintIterDataset
+
+        return FingerprintIterDataset.wrap(dataset, self)
+
+
+def stack_items(items: Sequence[dict]) -> dict[str, Any]:
+    """``np.stack`` of each key of ``items`` (dicts of arrays, maybe nested), in order.
+
+    Examples
+    --------
+    >>> batch = stack_items([{"a": np.zeros(2), "b": {"c": np.int64(i)}} for i in range(3)])
+    >>> batch["a"].shape, batch["b"]["c"].tolist()
+    ((3, 2), [0, 1, 2])
+    """
+    first = items[0]
+    out = {}
+    for key, value in first.items():
+        column = [item[key] for item in items]
+        if isinstance(value, dict):
+            out[key] = stack_items(column)
+        else:
+            try:
+                out[key] = np.stack([np.asarray(v) for v in column])
+            except ValueError as error:
+                shapes = sorted({np.shape(v) for v in column})
+                raise OptionError(
+                    f"the items' {key!r} have shapes {shapes}: a batch stacks one shape; "
+                    "batch the sources of one shape apart (e.g. one scene layout each)."
+                ) from error
+    return out
+
+
+class _PatchGather:
+    """A :class:`PatchSource`'s batches, gathered from its chunks (built once per process)."""
+
+    def __init__(self, source: PatchSource) -> None:
+        self.source = source
+        self.reader: PatchReader = source.reader
+        layout = source.layout
+        self.read_anchors = np.asarray(layout.plan.anchors, dtype=np.int64)
+        self.anchors = np.asarray(layout_of(source.patcher).plan.anchors, dtype=np.int64)
+        self.alone = self.reader.alone_chunks()
+        grid = self.reader.grid
+        self.starts = None if grid is None else [np.asarray(s, dtype=np.int64) for s in grid.starts]
+        self.keys: dict[str, tuple[tuple[int, ...], np.dtype]] | None = None
+        self.transforms: np.ndarray | None = None
+
+    def batch(self, positions: np.ndarray) -> dict[str, Any]:
+        source, reader = self.source, self.reader
+        b = len(positions)
+        # The first item says which keys an item has (weights, transform) and their shapes.
+        first = source[int(positions[0])]
+        out = {
+            key: np.empty((b, *np.shape(value)), np.asarray(value).dtype)
+            for key, value in first.items()
+            if key not in ("anchor", "index", "transform")
+        }
+        for key, array in out.items():
+            array[0] = first[key]
+        alone = self.alone[positions]
+        alone[0] = -1  # served already
+        rest = np.flatnonzero(alone < 0)[1:]
+        gathered = np.flatnonzero(alone >= 0)
+        if len(gathered):
+            chunks, inverse = np.unique(alone[gathered], return_inverse=True)
+            for c, chunk_id in enumerate(chunks.tolist()):
+                rows = gathered[inverse == c]
+                self._gather_chunk(out, chunk_id, rows, positions[rows])
+            if "weights" in out:  # inside the array: the window itself
+                out["weights"][gathered] = reader.window
+        for row in rest.tolist():
+            position = int(positions[row])
+            read_at = tuple(self.read_anchors[position].tolist())
+            item = reader.read(position, read_at)
+            for plan in reader.plans:
+                out[str(plan.name)][row] = item[plan.name]
+            if "weights" in out:
+                out["weights"][row] = reader.weights(read_at)
+        if "transform" in first:
+            if self.transforms is None:
+                layout = source.layout
+                self.transforms = patch_transforms(layout.obj, layout.dims, self.read_anchors)
+            out["transform"] = self.transforms[positions]
+        out["anchor"] = self.anchors[positions]
+        out["index"] = positions.copy()
+        return out
+
+    def _gather_chunk(
+        self, out: dict, chunk_id: int, rows: np.ndarray, positions: np.ndarray
+    ) -> None:
+        reader = self.reader
+        values = reader.chunk(chunk_id)
+        block = reader.block_of(chunk_id)
+        origin = np.array([s[i] for s, i in zip(self.starts, block)], dtype=np.int64)
+        local = self.read_anchors[positions] - origin
+        for plan in reader.plans:
+            out[str(plan.name)][rows] = gather_patches(values[plan.name], plan, local)
+
+
+def gather_patches(values: np.ndarray, plan: VariablePlan, local: np.ndarray) -> np.ndarray:
+    """``(m, *plan.patch_shape)``: the patches of ``values`` starting at ``local``, one gather.
+
+    ``local`` is ``(m, dims)``: each patch's start per patched dim (the patcher's
+    order), relative to ``values``.
+
+    Examples
+    --------
+    >>> import xarray as xr
+    >>> from xpatch.grain.reader import VariablePlan
+    >>> var = xr.Variable(("b", "y", "x"), np.arange(32).reshape(2, 4, 4))
+    >>> plan = VariablePlan("v", var, ("y", "x"), [2, 2], 0)
+    >>> gather_patches(var.values, plan, np.array([[0, 0], [2, 1]]))[1].tolist()
+    [[[9, 10], [13, 14]], [[25, 26], [29, 30]]]
+    """
+    axes = list(plan.axes)
+    windows = sliding_window_view(values, plan.patch_size, axis=tuple(axes))
+    # Starts first, then the other axes, then the windows' axes (in the axes' order).
+    windows = np.moveaxis(windows, axes, range(len(axes)))
+    picked = windows[tuple(local[:, j] for j in plan.columns)]
+    others = [a for a in range(values.ndim) if a not in axes]
+    order = [
+        1 + len(others) + axes.index(a) if a in axes else 1 + others.index(a)
+        for a in range(values.ndim)
+    ]
+    return picked.transpose([0, *order])
