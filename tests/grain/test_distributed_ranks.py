@@ -191,3 +191,48 @@ def test_rank_from_the_process_group_needs_torch_or_a_group(monkeypatch):
         RankSampler(src, world_size=2, seed=0)
     # Given both, torch is never asked.
     assert len(RankSampler(src, rank=0, world_size=2, seed=0)) == len(src) // 2 + 1
+
+
+class _Probe:
+    """A source's items as (index, chunk loads so far in this worker's own cache)."""
+
+    def __init__(self, src) -> None:
+        self.src = src
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+    def __getitem__(self, index: int) -> tuple[int, int]:
+        return int(self.src[index]["index"]), self.src.cache_stats().loads
+
+
+@pytest.mark.parametrize("dealt", [False, True])
+def test_dataloader_workers_each_read_their_own_part_of_the_run(dealt):
+    torch_data = pytest.importorskip("torch.utils.data")
+    served, loads = [], 0
+    for rank in (0, 1):
+        src = make_source(series())
+        sampler = RankSampler(
+            src,
+            rank=rank,
+            world_size=2,
+            seed=1,
+            **({"num_workers": 2, "batch_size": 8} if dealt else {}),
+        )
+        loader = torch_data.DataLoader(
+            _Probe(src),
+            sampler=sampler,
+            batch_size=8,
+            num_workers=2,
+            multiprocessing_context="fork",
+        )
+        last = {}
+        for batch_number, (indices, worker_loads) in enumerate(loader):
+            served += indices.tolist()
+            # DataLoader hands batch b to worker b % 2: its loads so far.
+            last[batch_number % 2] = int(worker_loads.max())
+        loads += sum(last.values())
+    assert set(served) == set(range(len(make_source(series()))))
+    per_chunk = loads / CHUNKS
+    # Batch by batch both workers of a rank read most chunks of its run; dealt, once.
+    assert (per_chunk <= 1.1) if dealt else (per_chunk >= 1.5), per_chunk

@@ -7,6 +7,9 @@ are multiplied by the number of ranks. :class:`RankSampler` cuts each epoch's sw
 (:meth:`~xpatch.grain.base.Source.chunk_shuffled_order`) into one contiguous run per
 rank, before the mixing, and mixes the patches within each run; ranks then share
 only the chunks at the cuts (and those their straddling patches reach).
+``DataLoader(num_workers=k)`` hands its workers the batches round robin, each
+worker with its own cache; given ``num_workers`` and ``batch_size``, the sampler
+deals each rank's run to them as contiguous runs too.
 
 Nothing here imports torch: a ``DataLoader`` takes any iterable of indices with a
 length as its ``sampler``. torch is imported only to read the rank and the world
@@ -21,7 +24,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from xpatch.core.errors import OptionError
-from xpatch.core.shuffle import check_count, check_seed
+from xpatch.core.shuffle import check_count, check_seed, worker_runs
 from xpatch.core.sweep import key_chunks, sweep_ranks
 from xpatch.grain.base import Source
 
@@ -71,6 +74,14 @@ class RankSampler:
         How many consecutive chunks of the sweep have their patches interleaved
         (default: as :meth:`~xpatch.grain.base.Source.chunk_shuffle` chooses from
         the cache's budget).
+    num_workers, batch_size
+        The ``DataLoader``'s, when it has worker processes (``num_workers > 1``):
+        it hands worker ``w`` the batches ``w, w + k, w + 2k, ...``, and each worker
+        reads into its own cache, so a run dealt batch by batch would be read by
+        every worker. The rank's run is then cut, in sweep order, into one run per
+        worker, as long as its share of the batches, each mixed within itself.
+        Give the same values as to the ``DataLoader``; ``num_workers`` of 0 or 1
+        deals nothing.
 
     Examples
     --------
@@ -95,6 +106,8 @@ class RankSampler:
         seed: int,
         drop_remainder: bool = False,
         mix: int | None = None,
+        num_workers: int = 0,
+        batch_size: int = 1,
     ) -> None:
         if not isinstance(source, Source):
             raise OptionError(
@@ -109,6 +122,15 @@ class RankSampler:
         self._seed = check_seed(seed)
         if mix is not None:
             mix = check_count("mix", mix)
+        if (
+            isinstance(num_workers, bool)
+            or not isinstance(num_workers, int | np.integer)
+            or num_workers < 0
+        ):
+            raise OptionError(
+                f"num_workers={num_workers!r} must be an int >= 0: the DataLoader's num_workers."
+            )
+        batch_size = check_count("batch_size", batch_size)
         if rank is None or world_size is None:
             group_rank, group_size = _process_group()
             rank = group_rank if rank is None else rank
@@ -125,6 +147,7 @@ class RankSampler:
         self._rank, self._world_size = int(rank), world_size
         self._drop = drop_remainder
         self._mix = mix
+        self._dealt = (max(int(num_workers), 1), batch_size)
         self._epoch = 0
         n = len(source)
         self._count = n // world_size if drop_remainder else -(-n // world_size)
@@ -173,8 +196,17 @@ class RankSampler:
         visit = ranks[key_chunks(reads.touched_chunks(), ranks)]
         unmixed = np.lexsort((position, visit))
         run = unmixed[start : start + self._count]
-        # Within the run, the mixed order's own interleaving.
-        return run[np.argsort(position[run], kind="stable")]
+        workers, batch_size = self._dealt
+        if workers == 1:
+            # Within the run, the mixed order's own interleaving.
+            return run[np.argsort(position[run], kind="stable")]
+        order = np.empty(len(run), dtype=np.int64)
+        # Epoch 0's dealing every epoch: a DataLoader's iterator starts each epoch
+        # at worker 0, where Grain's repeated stream runs on across epochs.
+        for positions, (begin, end) in worker_runs(len(run), 0, workers, batch_size):
+            part = run[begin:end]
+            order[positions] = part[np.argsort(position[part], kind="stable")]
+        return order
 
     def __repr__(self) -> str:
         policy = "drop" if self._drop else "pad"
