@@ -47,8 +47,8 @@ class RankSampler:
     batches would wait forever in the others' gradient all-reduce. With
     ``drop_remainder=False`` (default, as ``DistributedSampler(drop_last=False)``)
     that is ``ceil(len(src) / world_size)``: the ``len(src) % world_size``
-    last ranks hold one patch more than the others, and each of the others ends
-    with one more, the first patch of the next rank's run (a patch at the cut,
+    last ranks hold one patch more than the others, and the run of each of the
+    others takes one more, the first patch of the next rank's run (a patch at the cut,
     whose chunks are already read there), so every patch comes at least once and
     at most ``world_size - 1`` come twice. With ``drop_remainder=True`` it is
     ``len(src) // world_size``: the last ``len(src) % world_size`` patches of
