@@ -12,6 +12,7 @@ inference (:mod:`xpatch.xarray.apply`) and the Grain source (:mod:`xpatch.grain`
 from __future__ import annotations
 
 import operator
+import os
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any, Generic
 
@@ -486,6 +487,7 @@ class Patcher(Generic[T]):
         cache_bytes: int = DEFAULT_CACHE_BYTES,
         transform: bool = False,
         weights: bool = True,
+        cache_dir: str | os.PathLike | None = None,
     ) -> PatchSource:
         """Serve the patches as a Grain ``RandomAccessDataSource`` (or PyTorch dataset).
 
@@ -494,7 +496,8 @@ class Patcher(Generic[T]):
         ``"index"`` (and the patch's ``"transform"`` with ``transform=True``).
         Dask input is read chunk by chunk
         through a cache of ``cache_bytes`` per process; building the source computes
-        nothing. See :class:`xpatch.grain.PatchSource`.
+        nothing. ``cache_dir`` keeps the decoded zarr chunks on local disk for later
+        epochs. See :class:`xpatch.grain.PatchSource`.
 
         Examples
         --------
@@ -505,7 +508,12 @@ class Patcher(Generic[T]):
         (9, (3, 32, 32), [0, 0])
         """
         return PatchSource(
-            self, variables=variables, cache_bytes=cache_bytes, transform=transform, weights=weights
+            self,
+            variables=variables,
+            cache_bytes=cache_bytes,
+            transform=transform,
+            weights=weights,
+            cache_dir=cache_dir,
         )
 
 

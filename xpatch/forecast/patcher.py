@@ -199,13 +199,15 @@ class ForecastPatcher:
     def _role(self, window: xr.DataArray | xr.Dataset, variables: list | None) -> Any:
         return window if variables is None else window[variables]
 
-    def to_grain(self, *, cache_bytes: int | None = None) -> Any:
+    def to_grain(self, *, cache_bytes: int | None = None, cache_dir: Any = None) -> Any:
         """Return a Grain source of the samples: ``{inputs, targets, origin, anchor, index}``.
 
         Read through the patcher's source (chunk cache, ``chunk_shuffle``: each
         chunk decoded once per epoch). ``inputs`` and ``targets`` are arrays for a
         DataArray, ``{variable: array}`` for a Dataset; ``origin`` the origin's label
         (``datetime64[ns]``, or its position when the dim has no coordinate).
+        ``cache_dir`` keeps the decoded zarr chunks on local disk for later epochs
+        (:class:`~xpatch.grain.PatchSource`).
 
         Examples
         --------
@@ -221,7 +223,7 @@ class ForecastPatcher:
         from xpatch.forecast.source import ForecastSource
 
         options = {} if cache_bytes is None else {"cache_bytes": cache_bytes}
-        inner = self.patcher.to_grain(weights=False, **options)
+        inner = self.patcher.to_grain(weights=False, cache_dir=cache_dir, **options)
         return ForecastSource(self, inner)
 
     def apply(

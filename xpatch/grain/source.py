@@ -21,7 +21,10 @@ Examples
 
 from __future__ import annotations
 
+import os
+import warnings
 from collections.abc import Callable, Hashable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -32,10 +35,37 @@ from xpatch.core.chunk_cache import DEFAULT_CACHE_BYTES, CacheStats
 from xpatch.core.errors import DimensionError, OptionError, PredictionError
 from xpatch.core.sweep import reads_span, sweep_budget, waiting_row
 from xpatch.grain.base import Source, mark_absl_flags_parsed
+from xpatch.grain.disk_cache import DiskChunks, DiskStats
 from xpatch.grain.reader import PatchReader, VariablePlan
+from xpatch.grain.zarr_chunks import ZarrChunks
 from xpatch.xarray.georef import patch_transforms
 from xpatch.xarray.layout import HasLayout, Layout, layout_of
 from xpatch.xarray.variables import data_token
+
+
+def _cache_folder(cache_dir: str | os.PathLike | None) -> Path | None:
+    """Return the folder ``cache_dir`` names, made if missing; OptionError if it cannot be."""
+    if cache_dir is None:
+        return None
+    if not isinstance(cache_dir, str | os.PathLike) or not str(cache_dir):
+        raise OptionError(
+            f"cache_dir={cache_dir!r} must be the path of a local folder (a str or a Path), "
+            "e.g. cache_dir='/tmp/xpatch-chunks', or None for no disk cache."
+        )
+    folder = Path(cache_dir).expanduser()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise OptionError(
+            f"cache_dir={str(cache_dir)!r} is not a folder that can be made or written "
+            f"({type(error).__name__}: {error}); give a writable local folder."
+        ) from None
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise OptionError(
+            f"cache_dir={str(cache_dir)!r} is not writable; give a writable local folder."
+        )
+    return folder
+
 
 #: Keys every item carries besides its data.
 ITEM_KEYS = ("weights", "anchor", "index")
@@ -87,6 +117,13 @@ class PatchSource(Source):
     weights
         Add ``"weights"`` to every item (default). Reconstruction does not need
         them: ``p.reconstruct`` blends with the patcher's window.
+    cache_dir
+        A local folder that keeps every decoded zarr chunk (one file per chunk,
+        under the source's :attr:`fingerprint`), so that later epochs, the workers of
+        ``mp_prefetch`` and other ranks read local disk instead of the store. Safe
+        with several processes and after a kill (:mod:`xpatch.grain.disk_cache`).
+        Only variables read from a zarr store directly use it; dask-computed ones
+        (and sharded or CF-decoded zarr arrays) are read as without it.
 
     Examples
     --------
@@ -109,7 +146,9 @@ class PatchSource(Source):
         cache_bytes: int = DEFAULT_CACHE_BYTES,
         transform: bool = False,
         weights: bool = True,
+        cache_dir: str | os.PathLike | None = None,
     ) -> None:
+        cache_folder = _cache_folder(cache_dir)
         if not isinstance(cache_bytes, int | np.integer) or cache_bytes < 0:
             raise OptionError(
                 f"cache_bytes={cache_bytes!r} must be a number of bytes >= 0, e.g. 2**30 for 1 GiB."
@@ -191,6 +230,35 @@ class PatchSource(Source):
                     "coordinates, or a grid mapping with a GeoTransform (da.rio.write_transform())."
                 )
         self._fingerprint: str | None = None  # computed on first use: it may hash the data
+        if cache_folder is not None:
+            self._use_disk(cache_folder)
+
+    def _use_disk(self, folder: Path) -> None:
+        # Only zarr chunks decoded here have a chunk of their own to keep; the files
+        # are the fingerprint's, so another data or layout never reads them.
+        kept = [plan for plan in self._plans if isinstance(plan.stored, ZarrChunks)]
+        if not kept:
+            warnings.warn(
+                f"cache_dir={str(folder)!r} keeps nothing: none of the variables "
+                f"{list(self.variables)!r} is read from a zarr store directly (in memory, "
+                "computed by dask, sharded or CF-decoded). Open the zarr with "
+                "xr.open_zarr(..., chunks={}) and without decoding, or leave cache_dir out.",
+                UserWarning,
+                stacklevel=3,
+            )
+        for plan in kept:
+            plan.stored.disk = DiskChunks(folder, self.fingerprint, plan.name)
+
+    def disk_cache_stats(self) -> dict[str, DiskStats]:
+        """Return this process's disk-cache counts per variable (``cache_dir=``).
+
+        Variables without a disk cache are left out.
+        """
+        return {
+            str(plan.name): plan.stored.disk.stats
+            for plan in self._plans
+            if isinstance(plan.stored, ZarrChunks) and plan.stored.disk is not None
+        }
 
     # -- protocol -------------------------------------------------------------------
 

@@ -32,6 +32,7 @@ from typing import Literal, TypeVar
 
 import numpy as np
 
+from xpatch.grain.disk_cache import DiskChunks
 from xpatch.grain.object_store import object_store_of
 from xpatch.grain.store_wait import note_store_wait, store_wait
 from xpatch.grain.threads import IdlePool
@@ -210,6 +211,9 @@ class ZarrChunks:
         self._checked = False
         self._trusted = True
         self._lock = threading.Lock()
+        #: Decoded chunks on local disk (``cache_dir=``), read before the store and
+        #: written after it; None: every chunk comes from the store.
+        self.disk: DiskChunks | None = None
 
     @classmethod
     def of(cls, array) -> ZarrChunks | None:
@@ -260,13 +264,17 @@ class ZarrChunks:
         index = tuple(index)
         failed: ChunkReadError | None = None
         if self._trusted:
+            fresh: list[bool] = []
             try:
-                values = self._read(index)
+                values = self._read(index, fresh)
             except ChunkReadError as error:  # zarr's own read below reads it, or fails too
                 values, failed = None, error
             except Exception:  # zarr's own read below says what is wrong, or reads it
                 values = None
-            if values is not None and not self._checked:
+            # Only what was decoded here is checked: chunks from the disk cache were
+            # decoded by a process whose check passed, and checking them would read the
+            # store again.
+            if values is not None and not self._checked and any(fresh):
                 with self._lock:
                     if not self._checked:
                         self._check(index, values)
@@ -297,6 +305,9 @@ class ZarrChunks:
             same = bool(np.array_equal(values, expected, equal_nan=equal_nan))
         if not same:
             self._trusted = False
+            if self.disk is not None:  # what this process wrote there is as wrong
+                self.disk.clear()
+                self.disk = None
             warnings.warn(
                 f"xpatch's direct reads of the zarr array {self.array.store_path} gave "
                 "other values than zarr's: it is read through zarr from now on (slower). "
@@ -305,11 +316,12 @@ class ZarrChunks:
                 stacklevel=4,
             )
 
-    def _read(self, index: tuple) -> np.ndarray:
+    def _read(self, index: tuple, fresh: list[bool]) -> np.ndarray:
+        # ``fresh`` gets, per chunk, whether it was decoded from the store (not the disk).
         bounds = [sl.indices(n)[:2] for sl, n in zip(index, self.shape)]
         coords = self._chunk_coords(index)
         if len(coords) == 1:
-            chunk = self._decoded(coords[0])
+            chunk = self._chunk(coords[0], fresh)
             cut = tuple(
                 slice(start - i * c, stop - i * c)
                 for (start, stop), i, c in zip(bounds, coords[0], self._chunk_shape)
@@ -318,7 +330,7 @@ class ZarrChunks:
         out = np.empty([stop - start for start, stop in bounds], self.dtype)
 
         def place(chunk_coords: tuple[int, ...]) -> None:
-            chunk = self._decoded(chunk_coords)
+            chunk = self._chunk(chunk_coords, fresh)
             target, source = [], []
             for (start, stop), i, c in zip(bounds, chunk_coords, self._chunk_shape):
                 lo, hi = max(start, i * c), min(stop, (i + 1) * c)
@@ -330,6 +342,21 @@ class ZarrChunks:
         # order, a run of 4 chunks per read: 0.8-0.9x the floor so, 1.2x one by one).
         side_by_side([lambda c=c: place(c) for c in coords], "decode")
         return out
+
+    def _chunk(self, chunk_coords: tuple[int, ...], fresh: list[bool]) -> np.ndarray:
+        """Chunk ``chunk_coords`` from the disk cache, else decoded from the store (and kept)."""
+        disk = self.disk
+        if disk is not None:
+            values = disk.get(chunk_coords, self._chunk_shape, self.dtype)
+            if values is not None:
+                values.setflags(write=False)
+                fresh.append(False)
+                return values
+        values = self._decoded(chunk_coords)
+        fresh.append(True)
+        if disk is not None:
+            disk.put(chunk_coords, values)
+        return values
 
     def _chunk_specs(self) -> list:
         # What each codec decodes against: the spec it was given on the way in.

@@ -241,12 +241,14 @@ class ScenePatcher:
         transform: bool = False,
         weights: bool = True,
         dtype: Any = None,
+        cache_dir: str | os.PathLike | None = None,
     ) -> SceneSource:
         """One Grain ``RandomAccessDataSource`` over every scene, with one chunk cache.
 
         See :class:`xpatch.scenes.SceneSource`. Items carry ``"scene"``
         (the scene's position in :attr:`names`) besides ``"anchor"`` (within the
-        scene) and ``"index"`` (global).
+        scene) and ``"index"`` (global). ``cache_dir`` keeps the scenes' decoded zarr
+        chunks on local disk for later epochs (each scene under its own fingerprint).
 
         Examples
         --------
@@ -265,6 +267,7 @@ class ScenePatcher:
             transform=transform,
             weights=weights,
             dtype=dtype,
+            cache_dir=cache_dir,
         )
 
 

@@ -11,6 +11,7 @@ every scene in one random order.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any, Protocol
 
@@ -84,9 +85,10 @@ class SceneSource(Source):
     ----------
     scene_patcher
         The scenes and their layout: a :class:`~xpatch.ScenePatcher` (or its index).
-    variables, cache_bytes, transform, weights
+    variables, cache_bytes, transform, weights, cache_dir
         As for :class:`~xpatch.grain.PatchSource`; ``cache_bytes`` bounds the
-        one cache all scenes share.
+        one cache all scenes share; ``cache_dir`` keeps each scene's decoded zarr
+        chunks under the scene's own fingerprint.
     dtype
         The dtype of every item's data; default the scenes' own (which must agree).
         Casts to a float dtype (integers round to the nearest float above 2**24
@@ -103,6 +105,7 @@ class SceneSource(Source):
         transform: bool = False,
         weights: bool = True,
         dtype: Any = None,
+        cache_dir: str | os.PathLike | None = None,
     ) -> None:
         index = scene_patcher if isinstance(scene_patcher, SceneIndex) else scene_patcher.index
         sources = []
@@ -114,6 +117,7 @@ class SceneSource(Source):
                     cache_bytes=cache_bytes,
                     transform=transform,
                     weights=weights,
+                    cache_dir=cache_dir,
                 )
             except XPatchError as error:
                 raise type(error)(f"scene {name!r}: {error}") from None

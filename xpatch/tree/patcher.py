@@ -16,6 +16,7 @@ views, reconstruction, inference and the Grain source work node by node.
 from __future__ import annotations
 
 import operator
+import os
 from collections.abc import Hashable, Mapping, Sequence
 from fractions import Fraction
 from types import MappingProxyType
@@ -485,6 +486,7 @@ class TreePatcher:
         cache_bytes: int = DEFAULT_CACHE_BYTES,
         transform: bool = False,
         weights: bool = False,
+        cache_dir: str | os.PathLike | None = None,
     ) -> TreeSource:
         """Serve patch ``i`` of every node as one item (a Grain data source, a torch dataset).
 
@@ -502,6 +504,9 @@ class TreePatcher:
         transform, weights
             Add each node's patch transform, or its blending window (off by
             default), to its entry.
+        cache_dir
+            A local folder keeping the nodes' decoded zarr chunks for later epochs
+            (each node under its own fingerprint); see :class:`~xpatch.grain.PatchSource`.
 
         Examples
         --------
@@ -526,6 +531,7 @@ class TreePatcher:
                 cache_bytes=cache_bytes,
                 transform=transform,
                 weights=weights,
+                cache_dir=cache_dir,
             )
             for path, p in self._patchers.items()
         }
