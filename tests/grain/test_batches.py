@@ -17,6 +17,7 @@ import xarray as xr
 import xpatch
 from xpatch.core.errors import OptionError
 from xpatch.grain import BatchSource
+from xpatch.grain import batches as batches_module
 from xpatch.grain.batches import stack_items
 
 grain = pytest.importorskip("grain")
@@ -50,6 +51,13 @@ def scene(shape=(40, 44), chunks=10) -> xr.DataArray:
     return xr.DataArray(values, dims=("y", "x")).chunk(chunks)
 
 
+@pytest.fixture(params=[1, 10**6], ids=["gathered", "sliced"])
+def gather_rows(request, monkeypatch):
+    """The patches of one chunk in a batch: all by one gather, or each by a slice copy."""
+    monkeypatch.setattr(batches_module, "GATHER_ROWS", request.param)
+    return request.param
+
+
 @pytest.mark.parametrize(
     "make",
     [
@@ -62,7 +70,7 @@ def scene(shape=(40, 44), chunks=10) -> xr.DataArray:
     ],
     ids=["pad", "halo", "numpy"],
 )
-def test_every_batch_equals_the_stacked_items_in_order_epoch_after_epoch(make):
+def test_every_batch_equals_the_stacked_items_in_order_epoch_after_epoch(make, gather_rows):
     src = make()
     batches = BatchSource(src, 5, seed=3)
     assert len(batches) == -(-len(src) // 5)
@@ -74,7 +82,7 @@ def test_every_batch_equals_the_stacked_items_in_order_epoch_after_epoch(make):
     assert got[0]["index"].tolist() != got[len(batches)]["index"].tolist()
 
 
-def test_a_dataset_with_axes_in_other_orders_and_a_transform():
+def test_a_dataset_with_axes_in_other_orders_and_a_transform(gather_rows):
     rng = np.random.default_rng(0)
     y, x = np.arange(30.0), np.arange(36.0)
     ds = xr.Dataset(

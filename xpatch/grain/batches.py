@@ -15,6 +15,7 @@ It needs only numpy; :meth:`BatchSource.dataset` and
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Hashable, Sequence
 from typing import Any, Literal
@@ -29,11 +30,16 @@ from xpatch.core.shuffle import check_count, check_seed
 from xpatch.grain.base import Source, mark_absl_flags_parsed, require_grain
 from xpatch.grain.reader import PatchReader, VariablePlan
 from xpatch.grain.source import PatchSource
+from xpatch.grain.threads import IdlePool
 from xpatch.xarray.georef import patch_transforms
 from xpatch.xarray.layout import layout_of
 
 #: Epoch orders a process keeps: two are live at an epoch's boundary under prefetching.
 KEPT_EPOCHS = 2
+
+#: Patches of one chunk in a batch from which one vectorized gather beats a slice copy
+#: each (a window view and a fancy index cost about as much as 8 slice copies).
+GATHER_ROWS = 8
 
 
 class BatchSource:
@@ -319,9 +325,18 @@ class _PatchGather:
         self.anchors = np.asarray(layout_of(source.patcher).plan.anchors, dtype=np.int64)
         self.alone = self.reader.alone_chunks()
         grid = self.reader.grid
-        self.starts = None if grid is None else [np.asarray(s, dtype=np.int64) for s in grid.starts]
-        self.keys: dict[str, tuple[tuple[int, ...], np.dtype]] | None = None
+        # Each chunk's first cell per patched dim (block_of per chunk and batch cost more).
+        self.origins = np.zeros((0, self.read_anchors.shape[1]), dtype=np.int64)
+        self.blocks: list[tuple[int, ...]] = []
+        if grid is not None:
+            blocks = np.unravel_index(np.arange(grid.count), grid.numblocks)
+            self.blocks = [tuple(b) for b in np.stack(blocks, axis=1).tolist()]
+            self.origins = np.stack(
+                [np.asarray(s, dtype=np.int64)[b] for s, b in zip(grid.starts, blocks)], axis=1
+            )
         self.transforms: np.ndarray | None = None
+        # The chunks of one batch are read side by side (decoding is work: a thread a core).
+        self.pool = IdlePool(os.cpu_count() or 1, "xpatch-batch")
 
     def batch(self, positions: np.ndarray) -> dict[str, Any]:
         source, reader = self.source, self.reader
@@ -341,9 +356,18 @@ class _PatchGather:
         gathered = np.flatnonzero(alone >= 0)
         if len(gathered):
             chunks, inverse = np.unique(alone[gathered], return_inverse=True)
+            # Chunks not held are read on the pool while this thread gathers from the others
+            # (a chunk held costs a lookup: handing it to a thread would cost more).
+            loads = {
+                c: self.pool.submit(reader.chunk, c)
+                for c in chunks.tolist()[1:]
+                if not reader.cache.holds(self.key(c))
+            }
             for c, chunk_id in enumerate(chunks.tolist()):
+                load = loads.get(chunk_id)
+                values = reader.chunk(chunk_id) if load is None else load.result()
                 rows = gathered[inverse == c]
-                self._gather_chunk(out, chunk_id, rows, positions[rows])
+                self._gather_chunk(out, values, chunk_id, rows, positions[rows])
             if "weights" in out:  # inside the array: the window itself
                 out["weights"][gathered] = reader.window
         for row in rest.tolist():
@@ -363,16 +387,40 @@ class _PatchGather:
         out["index"] = positions.copy()
         return out
 
+    def key(self, chunk: int) -> tuple:
+        """Return the cache's key of chunk ``chunk`` (as the reader keys it, under its prefix)."""
+        block = self.blocks[chunk]
+        return block if self.reader.prefix is None else (self.reader.prefix, block)
+
     def _gather_chunk(
-        self, out: dict, chunk_id: int, rows: np.ndarray, positions: np.ndarray
+        self, out: dict, values: dict, chunk_id: int, rows: np.ndarray, positions: np.ndarray
     ) -> None:
-        reader = self.reader
-        values = reader.chunk(chunk_id)
-        block = reader.block_of(chunk_id)
-        origin = np.array([s[i] for s, i in zip(self.starts, block)], dtype=np.int64)
-        local = self.read_anchors[positions] - origin
-        for plan in reader.plans:
-            out[str(plan.name)][rows] = gather_patches(values[plan.name], plan, local)
+        local = self.read_anchors[positions] - self.origins[chunk_id]
+        for plan in self.reader.plans:
+            target = out[str(plan.name)]
+            if len(rows) < GATHER_ROWS:
+                # A slice copy each: cheaper than building a window view for a few.
+                for row, start in zip(rows.tolist(), local.tolist()):
+                    target[row] = values[plan.name][patch_index(plan, start)]
+            else:
+                target[rows] = gather_patches(values[plan.name], plan, local)
+
+
+def patch_index(plan: VariablePlan, start: Sequence[int]) -> tuple:
+    """Index of ``plan``'s patch starting at ``start`` (one per patched dim, patcher's order).
+
+    Examples
+    --------
+    >>> import xarray as xr
+    >>> from xpatch.grain.reader import VariablePlan
+    >>> plan = VariablePlan("v", xr.Variable(("b", "y"), np.zeros((2, 9))), ("y",), [3], 0)
+    >>> patch_index(plan, [4])
+    (slice(None, None, None), slice(4, 7, None))
+    """
+    index: list[slice] = [slice(None)] * len(plan.patch_shape)
+    for ax, j, size in zip(plan.axes, plan.columns, plan.patch_size):
+        index[ax] = slice(start[j], start[j] + size)
+    return tuple(index)
 
 
 def gather_patches(values: np.ndarray, plan: VariablePlan, local: np.ndarray) -> np.ndarray:
