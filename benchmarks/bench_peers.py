@@ -29,6 +29,9 @@ Variants:
   ``src = p.to_grain(cache_bytes=...)`` (era5: 5 % of the data, at least 24 chunks),
   ``grain.MapDataset.source(src).pipe(src.chunk_shuffle, seed=1).batch(16)``, iterated
   through Grain's default ``ReadOptions`` (16 read threads) and ``ReadOptions(num_threads=2)``.
+- ``xpatch-batches``: the same source served as whole batches,
+  ``xpatch.grain.BatchSource(src, 16, seed=1).dataset()``, through Grain's default
+  ``ReadOptions``: one Python call per batch, its patches of one chunk gathered at once.
   The array is opened with ``xr.open_zarr`` on the local folder or on ``s3://`` with
   ``storage_options`` (s3fs). Loads are the source's own counter (``cache_stats``).
 - ``insitubatch``: as its README writes it, ``open_geometries``, ``split_by_chunk`` (all
@@ -86,6 +89,7 @@ VARIANTS = (
     "floor-default",
     "xpatch-16",
     "xpatch-2",
+    "xpatch-batches",
     "insitubatch",
     "xbatcher",
 )
@@ -332,6 +336,23 @@ def run_xpatch(job: dict, threads: int | None) -> float:
     return src.cache_stats().loads / src.chunk_count
 
 
+def run_xpatch_batches(job: dict) -> float:
+    """One chunk-shuffled epoch of whole batches (``BatchSource``); loads per chunk."""
+    import warnings
+
+    from xpatch.grain import BatchSource
+
+    warnings.filterwarnings("ignore", message="Consolidated metadata")
+    da = open_dataarray(job)
+    spec = job["spec"]
+    p = da.patch(**spec["patch"], **({"stride": spec["stride"]} if "stride" in spec else {}))
+    src = p.to_grain(cache_bytes=spec["cache_bytes"])
+    batches = BatchSource(src, BATCH, seed=1)
+    for _ in batches.dataset().to_iter_dataset():
+        pass
+    return src.cache_stats().loads / src.chunk_count
+
+
 def run_insitubatch(job: dict) -> float:
     """One shuffled epoch of insitubatch's train split (all chunks); loads per chunk."""
     from insitubatch import InSituDataset, obstore_store, open_geometries, split_by_chunk
@@ -378,6 +399,7 @@ IMPORTS = {
     "floor-default": ("zarr", "s3fs"),
     "xpatch-16": ("xarray", "zarr", "s3fs", "grain", "xpatch"),
     "xpatch-2": ("xarray", "zarr", "s3fs", "grain", "xpatch"),
+    "xpatch-batches": ("xarray", "zarr", "s3fs", "grain", "xpatch"),
     "insitubatch": ("zarr", "obstore", "insitubatch"),
     "xbatcher": ("xarray", "zarr", "s3fs", "dask", "xbatcher"),
 }
@@ -415,6 +437,8 @@ def child(job: dict) -> None:
         loads = run_floor(job, obstore_zarr_store(job))
     elif variant == "floor-default":
         loads = run_floor(job, default_zarr_store(job))
+    elif variant == "xpatch-batches":
+        loads = run_xpatch_batches(job)
     elif variant.startswith("xpatch-"):
         threads = int(variant.split("-")[1])
         loads = run_xpatch(job, None if threads == 16 else threads)
