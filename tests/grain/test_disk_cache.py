@@ -185,14 +185,14 @@ WRITERS = textwrap.dedent(
         return da.patch(time=1, y=128, x=128).to_grain(cache_dir=cache_dir)
 
     # Built before the forks (zarr resets its event loop in a forked child).
-    src = source(kill_dir)
+    src, cache_dir_of_src = source(kill_dir), kill_dir
 
     def fill_forever(ready):
         os.write(ready, b"r")
-        folder = next(iter(src._plans)).stored.disk.folder
+        folder = Path(cache_dir_of_src) / src.fingerprint
         pick = random.Random(os.getpid())
         while True:  # chunks written again and again, others left in place
-            for path in folder.glob("*.chunk"):
+            for path in folder.glob("*/*.chunk"):
                 if pick.random() < 0.5:
                     os.unlink(path)
             src.clear_cache()
@@ -304,8 +304,7 @@ def test_writers_killed_with_sigkill_leave_nothing_partial_to_serve(writers, sto
     # A temporary file an hour old is a dead writer's: removed when the folder is next used.
     for path in folder.glob(f"{TEMP_PREFIX}*"):
         os.utime(path, (0, 0))
-    fresh = opened(big).patch(time=1, y=128, x=128).to_grain(cache_dir=cache)
-    fresh._plans[0].stored.disk.put((9, 9, 9), np.zeros(1, "float32"))
+    DiskChunks(cache, src.fingerprint, "data").put((9, 9, 9), np.zeros(1, "float32"))
     assert not list(folder.glob(f"{TEMP_PREFIX}*"))
 
 
@@ -411,3 +410,17 @@ def test_forecast_scene_and_tree_sources_keep_their_chunks_on_disk(tmp_path, sto
                     a, b = (a["v"], b["v"]) if key == "/a" else (a, b)
                     np.testing.assert_array_equal(a, b)
     assert store_reads == []
+
+
+def test_values_unlike_zarrs_leave_nothing_on_disk(tmp_path, monkeypatch):
+    from xpatch.grain.zarr_chunks import ZarrChunks
+
+    values = write_zarr(tmp_path / "a.zarr")
+    cache = tmp_path / "cache"
+    src = opened(tmp_path / "a.zarr").patch(**SIZE).to_grain(cache_dir=cache)
+    wrong = lambda self, coords: np.full((2, 16, 24), 7, "float32")  # noqa: E731
+    monkeypatch.setattr(ZarrChunks, "_decoded", wrong)
+    with pytest.warns(RuntimeWarning, match="other values than zarr's"):
+        items = [src[i] for i in range(len(src))]
+    assert_items_equal(items, values)  # zarr's own reads
+    assert cache_files(cache) == []  # what was decoded wrong was never kept
