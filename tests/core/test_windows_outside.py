@@ -107,3 +107,14 @@ def test_a_window_past_the_edge_reads_the_array_not_a_padded_copy(options, grown
     tracemalloc.stop()
     assert peak < 4 * 2**20, f"{peak / 2**20:.1f} MiB to lay and read two patches of 32 MiB"
     assert first.sizes["x"] == last.sizes["x"] == grown
+
+
+@pytest.mark.parametrize("anchor", [-2, 4])
+def test_a_window_wholly_outside_a_constant_axis_is_all_fill(anchor):
+    array = np.arange(16.0).reshape(4, 4)
+    anchors = np.array([[anchor, 1]])
+    expected = np.full((1, 2, 2), -7.0)
+    np.testing.assert_array_equal(extract_numpy(array, [0, 1], anchors, [2, 2], -7.0), expected)
+    lazy = da.from_array(array, chunks=1)
+    plan = Plan.compile(anchors, ChunkGrid.from_chunks(lazy.chunks), [2, 2], keep_order=True)
+    np.testing.assert_array_equal(extract_dask(lazy, [0, 1], plan, -7.0).compute(), expected)

@@ -315,8 +315,10 @@ def group_reads(
             n = array.shape[ax]
             if (lo >= 0 and hi <= n) or mode == "constant":
                 # The cells inside the array; the task fills the rest with the pad value.
-                runs[ax] = [(max(lo, 0), min(hi, n))]
-                first.append(max(lo, 0))
+                # Windows that all miss the array still read one cell (shown by none).
+                start = min(max(lo, 0), n - 1)
+                runs[ax] = [(start, max(min(hi, n), start + 1))]
+                first.append(start)
                 continue
             source = source_indices(lo, hi, n, mode)
             runs[ax] = index_runs(source)
