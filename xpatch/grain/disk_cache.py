@@ -162,7 +162,8 @@ class DiskChunks:
         try:
             self._make_folder()
             fd, temp = tempfile.mkstemp(prefix=TEMP_PREFIX, suffix=".part", dir=self.folder)
-            os.fchmod(fd, 0o644)  # other processes, other ranks read it too
+            if hasattr(os, "fchmod"):  # other processes, other ranks read it too
+                os.fchmod(fd, 0o644)
             _write_file(fd, header, data)
             os.replace(temp, self.path(coords))
             temp = None
