@@ -113,9 +113,21 @@ def test_patches_inside_a_chunk_are_gathered_not_read_one_by_one():
     # one read per batch: its first item, which says which keys an item has
     assert len(reads) == len(batches) == 4
     del src.reader.read
+    assert src.cache_stats().loads == 8  # each chunk once
     for g, w in zip(got, expected_batches(src, batches)):
         assert_same(g, w)
-    assert src.cache_stats().loads == 8  # each chunk once
+
+
+def test_straddling_patches_read_each_chunk_once_through_grain_threads_in_a_small_cache():
+    # 64 chunks of 64 KiB, a budget of 12 of them: Grain's 16 threads assembling 16
+    # batches at once (8 or 9 chunks each) reloaded each chunk 6-8 times before the bound.
+    values = np.random.default_rng(0).normal(size=(1024, 1024)).astype("f4")
+    da_ = xr.DataArray(values, dims=("y", "x")).chunk(128)
+    src = da_.patch(y=48, x=48, stride=36).to_grain(cache_bytes=12 * 128 * 128 * 4)
+    batches = BatchSource(src, 16, seed=1)
+    served = [b["index"] for b in batches.dataset().to_iter_dataset()]
+    assert src.cache_stats().loads / src.chunk_count <= 1.05
+    assert sorted(np.concatenate(served).tolist()) == list(range(len(src)))
 
 
 def test_drop_remainder_and_a_short_last_batch():
@@ -146,6 +158,17 @@ def test_forecast_samples_are_batched_per_sample_and_exact():
     assert batches[0]["inputs"]["t2m"].shape == (6, 2, 4, 6)
 
 
+def test_scenes_are_batched_per_sample_and_exact():
+    a = scene((40, 48), 16)
+    b = scene((32, 32), 16) + 1e4
+    src = xpatch.patch_scenes({"a": a, "b": b}, y=8, x=8, stride=8).to_grain()
+    batches = BatchSource(src, 6, seed=4)
+    got = [batches[i] for i in range(len(batches))]
+    for g, w in zip(got, expected_batches(src, batches)):
+        assert_same(g, w)
+    assert set(np.concatenate([g["scene"] for g in got]).tolist()) == {0, 1}
+
+
 def test_bad_arguments_are_refused_naming_them():
     src = scene().patch(y=8, x=8, stride=8).to_grain()
     with pytest.raises(OptionError, match="batch_size=0"):
@@ -156,6 +179,8 @@ def test_bad_arguments_are_refused_naming_them():
         BatchSource(src, 31, seed=0, drop_remainder=True)
     with pytest.raises(OptionError, match="drop_remainder='no'"):
         BatchSource(src, 4, seed=0, drop_remainder="no")
+    with pytest.raises(OptionError, match="worker_count=0"):
+        BatchSource(src, 4, seed=0, worker_count=0)
     with pytest.raises(OptionError, match="order='random'"):
         BatchSource(src, 4, seed=0, order="random")
     with pytest.raises(OptionError, match="not an xpatch source"):
@@ -211,7 +236,7 @@ def test_worker_processes_give_the_same_batches_and_resume(tmp_path):
     path = tmp_path / "scene.zarr"
     scene((48, 40), 16).to_dataset(name="v").to_zarr(path)
     src = xr.open_zarr(path)["v"].patch(y=8, x=8, stride=8).to_grain()
-    batches = BatchSource(src, 4, seed=7)
+    batches = BatchSource(src, 4, seed=7, worker_count=2)
     pipeline = batches.dataset().to_iter_dataset()
     single = indices(pipeline)
     options = grain.MultiprocessingOptions(num_workers=2)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Hashable, Sequence
 from typing import Any, Literal
 
@@ -27,6 +28,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 from xpatch.core.chunk_cache import CacheStats
 from xpatch.core.errors import OptionError
 from xpatch.core.shuffle import check_count, check_seed
+from xpatch.core.sweep import key_chunks, sweep_ranks
 from xpatch.grain.base import Source, mark_absl_flags_parsed, require_grain
 from xpatch.grain.reader import PatchReader, VariablePlan
 from xpatch.grain.source import PatchSource
@@ -36,6 +38,9 @@ from xpatch.xarray.layout import layout_of
 
 #: Epoch orders a process keeps: two are live at an epoch's boundary under prefetching.
 KEPT_EPOCHS = 2
+
+#: A batch waits for the batches before it while they make progress, never longer than this.
+MAX_WAIT_SECONDS = 2.0
 
 #: Patches of one chunk in a batch from which one vectorized gather beats a slice copy
 #: each (a window view and a fancy index cost about as much as 8 slice copies).
@@ -67,8 +72,13 @@ class BatchSource:
       one ``source[i]`` per sample, stacked (correct, not faster); items of
       different shapes (scenes of other variables) cannot be stacked and raise.
 
-    Nothing is read ahead in background threads: with Grain's read threads,
-    several batches are assembled at once.
+    The chunks of a batch that the cache does not hold are read side by side (a
+    thread per core); nothing is read ahead of the batches asked for. Under the
+    sweep, each process drops a chunk after the last batch that touches it and
+    keeps only its frame after the last batch keyed to it, and holds a batch back
+    while it runs more batches ahead of the oldest one in flight than the cache
+    has room for (Grain's 16 read threads would otherwise flush a small cache):
+    each chunk is read once per epoch within the budget ``chunk_shuffle`` needs.
 
     Parameters
     ----------
@@ -83,6 +93,10 @@ class BatchSource:
         with fewer items).
     order, mix
         As :meth:`~xpatch.grain.base.Source.chunk_shuffled_order` takes them.
+    worker_count
+        With ``mp_prefetch`` of ``worker_count`` workers, give it: each worker
+        process serves every ``worker_count``-th batch and lets go of a chunk once
+        its own batches are done with it. The batches are the same whatever it is.
 
     Examples
     --------
@@ -107,6 +121,7 @@ class BatchSource:
         drop_remainder: bool = False,
         order: Literal["sweep", "chunk"] = "sweep",
         mix: int | None = None,
+        worker_count: int = 1,
     ) -> None:
         if not isinstance(source, Source):
             raise OptionError(
@@ -120,6 +135,7 @@ class BatchSource:
         if order not in ("sweep", "chunk"):
             raise OptionError(f"order={order!r} is not one of ('sweep', 'chunk').")
         self._mix = None if mix is None else check_count("mix", mix)
+        self._workers = check_count("worker_count", worker_count)
         self._order = order
         self._drop = bool(drop_remainder)
         n = len(source)
@@ -139,10 +155,11 @@ class BatchSource:
         self._lock = threading.Lock()
         self._orders: dict[int, np.ndarray] = {}
         self._gather: _PatchGather | None = None
+        self._releases: _Releases | None = None
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
-        for key in ("_lock", "_orders", "_gather"):
+        for key in ("_lock", "_orders", "_gather", "_releases"):
             del state[key]
         return state
 
@@ -162,7 +179,24 @@ class BatchSource:
             raise TypeError(f"batch index {index!r} must be an int.")
         if index < 0:
             raise IndexError(f"batch index {index} must be >= 0 (epoch after epoch).")
-        return self.batch(self.positions(int(index)))
+        index = int(index)
+        positions = self.positions(index)
+        if self._order != "sweep":
+            return self.batch(positions)
+        releases = self._tracking()
+        epoch, k = divmod(index, self._count)
+        releases.started(epoch, k)
+        try:
+            return self.batch(positions)
+        finally:
+            releases.finished(epoch, k)
+
+    def _tracking(self) -> _Releases:
+        if self._releases is None:
+            with self._lock:
+                if self._releases is None:
+                    self._releases = _Releases(self)
+        return self._releases
 
     def positions(self, index: int) -> np.ndarray:
         """Return the source's item indices in batch ``index`` (epoch after epoch), in order.
@@ -220,6 +254,21 @@ class BatchSource:
     def source(self) -> Source:
         """The source whose items are batched."""
         return self._source
+
+    @property
+    def mix(self) -> int | None:
+        """``mix`` of the chunk-shuffled order (None: as the cache allows)."""
+        return self._mix
+
+    @property
+    def worker_count(self) -> int:
+        """The ``mp_prefetch`` workers the batches are dealt to (each process reads its own)."""
+        return self._workers
+
+    @property
+    def seed(self) -> int:
+        """The seed of the chunk-shuffled order."""
+        return self._seed
 
     @property
     def batch_size(self) -> int:
@@ -285,6 +334,116 @@ class BatchSource:
         from xpatch.grain.datasets import FingerprintIterDataset
 
         return FingerprintIterDataset.wrap(dataset, self)
+
+
+class _Releases:
+    """Let go of each chunk once every batch before the oldest one in flight was served.
+
+    As the sweep's reads do for items (:class:`~xpatch.grain.readahead.SweepReads`),
+    at the granularity of batches: a chunk is dropped after the last batch touching
+    it, and shrunk to its frame after the last batch holding a patch keyed to it (the
+    chunk the sweep visits last among those the patch touches: later batches read it
+    only at the edges its frame keeps). Without this, a cache of a few percent of the
+    data evicted the chunks the sweep still needed before those it was done with.
+    """
+
+    def __init__(self, batches: BatchSource) -> None:
+        self.batches = batches
+        self.reads = batches.source.chunk_reads
+        self.touched = np.asarray(self.reads.touched_chunks())
+        self.chunk_count = int(self.touched.max(initial=-1)) + 1
+        # Batches assembled at once: as many as the chunks the cache holds room for ahead
+        # of the sweep serve (Grain's 16 threads, each a batch of some 8 chunks, flushed
+        # a cache of a few percent of the data otherwise).
+        _, ahead = self.reads.sweep_settings(batches.mix, None)
+        per_chunk = len(self.touched) / max(self.chunk_count, 1)
+        self.spread = 1 + int(ahead * per_chunk // batches.batch_size)
+        self.workers = batches.worker_count
+        self.worker = -1
+        self.lock = threading.Lock()
+        self.moved = threading.Condition(self.lock)
+        self.epoch = -1
+        self.low = 0
+        self.done: set[int] = set()
+        self.plan: tuple[np.ndarray, ...] = ()
+        self.retired = np.zeros(self.chunk_count, dtype=bool)
+        self.next_retire = self.next_shrink = 0
+
+    def started(self, epoch: int, k: int) -> None:
+        """Batch ``k`` of ``epoch`` is asked for: wait while it runs too far ahead."""
+        with self.lock:
+            if self.worker < 0:  # a process serves every worker_count-th batch from its first
+                self.worker = (epoch * len(self.batches) + k) % self.workers
+            if epoch > self.epoch or (epoch == self.epoch and k < self.low):
+                self._start(epoch, k)
+            started, low = time.monotonic(), self.low
+            while epoch == self.epoch and k >= self.low + self.spread * self.workers:
+                if self.low != low:  # progress: the bound holds memory, it never stalls
+                    started, low = time.monotonic(), self.low
+                elif time.monotonic() - started > MAX_WAIT_SECONDS:
+                    return
+                self.moved.wait(0.05)
+
+    def _start(self, epoch: int, k: int) -> None:
+        # Batches before the first one asked for are taken as served (a restored state).
+        batches = self.batches
+        order = batches.epoch_order(epoch)
+        kept = batches.batch_size * len(batches)
+        order = order[:kept]
+        which = np.arange(len(order)) // batches.batch_size
+        ranks, reversed_axes = sweep_ranks(self.reads.chunk_grids(), batches.seed, epoch)
+        self.reads.set_sweep_direction(reversed_axes)
+        touched = self.touched[order]
+        used = touched >= 0
+        last = np.full(self.chunk_count, -1, dtype=np.int64)
+        np.maximum.at(last, touched[used], np.broadcast_to(which[:, None], touched.shape)[used])
+        whole = np.full(self.chunk_count, -1, dtype=np.int64)
+        np.maximum.at(whole, key_chunks(touched, ranks), which)
+        by_last = np.argsort(last, kind="stable")
+        by_whole = np.argsort(whole, kind="stable")
+        self.plan = (by_last, last[by_last], by_whole, whole[by_whole])
+        self.epoch, self.low, self.done = epoch, k, set()
+        self.moved.notify_all()
+        self.retired[:] = False
+        self.next_retire = int(np.searchsorted(self.plan[1], 0))
+        self.next_shrink = int(np.searchsorted(self.plan[3], 0))
+        self._let_go()  # nothing yet: chunks used before k only are left to the cache
+
+    def finished(self, epoch: int, k: int) -> None:
+        with self.lock:
+            if epoch != self.epoch:
+                return
+            self.done.add(k)
+            low = self.low
+            while self.low in self.done or not self._mine(self.low):
+                self.done.discard(self.low)
+                self.low += 1
+                if self.low >= len(self.batches):
+                    break
+            if self.low == low:
+                return
+            self.moved.notify_all()
+            retire, shrink = self._let_go()
+        for chunk in shrink:
+            self.reads.release(int(chunk), keep_frame=True)
+        for chunk in retire:
+            self.reads.release(int(chunk), keep_frame=False)
+
+    def _mine(self, k: int) -> bool:
+        # Grain's mp_prefetch hands worker w the batches w, w + W, ...: the others are theirs.
+        return (self.epoch * len(self.batches) + k) % self.workers == self.worker
+
+    def _let_go(self) -> tuple[np.ndarray, np.ndarray]:
+        by_last, last, by_whole, whole = self.plan
+        stop = int(np.searchsorted(last, self.low))
+        retire = by_last[self.next_retire : stop]
+        self.next_retire = max(self.next_retire, stop)
+        self.retired[retire] = True
+        stop = int(np.searchsorted(whole, self.low))
+        shrink = by_whole[self.next_shrink : stop]
+        self.next_shrink = max(self.next_shrink, stop)
+        shrink = shrink[~self.retired[shrink]]
+        return retire, shrink
 
 
 def stack_items(items: Sequence[dict]) -> dict[str, Any]:
