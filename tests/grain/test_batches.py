@@ -8,6 +8,7 @@ worker processes) it resumes exactly from a checkpoint.
 from __future__ import annotations
 
 import pickle
+import time
 
 import numpy as np
 import pandas as pd
@@ -128,6 +129,20 @@ def test_straddling_patches_read_each_chunk_once_through_grain_threads_in_a_smal
     served = [b["index"] for b in batches.dataset().to_iter_dataset()]
     assert src.cache_stats().loads / src.chunk_count <= 1.05
     assert sorted(np.concatenate(served).tolist()) == list(range(len(src)))
+
+
+def test_a_process_asked_for_every_other_batch_never_waits_for_the_others(monkeypatch):
+    # As an mp_prefetch worker of two is: the batches between are another process's.
+    monkeypatch.setattr(batches_module, "MAX_WAIT_SECONDS", 60.0)
+    values = np.random.default_rng(0).normal(size=(1024, 1024)).astype("f4")
+    da_ = xr.DataArray(values, dims=("y", "x")).chunk(128)
+    src = da_.patch(y=48, x=48, stride=36).to_grain(cache_bytes=12 * 128 * 128 * 4)
+    batches = BatchSource(src, 16, seed=1)  # worker_count left at 1: found from the batches
+    started = time.monotonic()
+    for k in range(0, len(batches), 2):
+        batches[k]
+    assert time.monotonic() - started < 10
+    assert src.cache_stats().loads / src.chunk_count <= 1.05
 
 
 def test_drop_remainder_and_a_short_last_batch():

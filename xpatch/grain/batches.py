@@ -15,6 +15,7 @@ It needs only numpy; :meth:`BatchSource.dataset` and
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import time
@@ -94,9 +95,10 @@ class BatchSource:
     order, mix
         As :meth:`~xpatch.grain.base.Source.chunk_shuffled_order` takes them.
     worker_count
-        With ``mp_prefetch`` of ``worker_count`` workers, give it: each worker
-        process serves every ``worker_count``-th batch and lets go of a chunk once
-        its own batches are done with it. The batches are the same whatever it is.
+        The ``mp_prefetch`` workers, each serving every ``worker_count``-th batch
+        and letting go of a chunk once its own batches are done with it: a first
+        guess, which the batches a process is asked for correct. The batches are
+        the same whatever it is.
 
     Examples
     --------
@@ -359,7 +361,10 @@ class _Releases:
         per_chunk = len(self.touched) / max(self.chunk_count, 1)
         self.spread = 1 + int(ahead * per_chunk // batches.batch_size)
         self.workers = batches.worker_count
-        self.worker = -1
+        #: The first batch (global index) this process served, and the gcd of the steps
+        #: from it to the others: Grain's mp_prefetch hands a worker every W-th batch.
+        self.first: int | None = None
+        self.step = 0
         self.lock = threading.Lock()
         self.moved = threading.Condition(self.lock)
         self.epoch = -1
@@ -372,8 +377,12 @@ class _Releases:
     def started(self, epoch: int, k: int) -> None:
         """Batch ``k`` of ``epoch`` is asked for: wait while it runs too far ahead."""
         with self.lock:
-            if self.worker < 0:  # a process serves every worker_count-th batch from its first
-                self.worker = (epoch * len(self.batches) + k) % self.workers
+            index = epoch * len(self.batches) + k
+            if self.first is None:
+                self.first = index
+            else:
+                self.step = math.gcd(self.step, abs(index - self.first))
+                self.workers = self.step or self.workers
             if epoch > self.epoch or (epoch == self.epoch and k < self.low):
                 self._start(epoch, k)
             started, low = time.monotonic(), self.low
@@ -381,6 +390,9 @@ class _Releases:
                 if self.low != low:  # progress: the bound holds memory, it never stalls
                     started, low = time.monotonic(), self.low
                 elif time.monotonic() - started > MAX_WAIT_SECONDS:
+                    # Nobody serves the batches behind (another process's, or a state
+                    # restored further on): this one starts the count again.
+                    self.low = k
                     return
                 self.moved.wait(0.05)
 
@@ -431,7 +443,7 @@ class _Releases:
 
     def _mine(self, k: int) -> bool:
         # Grain's mp_prefetch hands worker w the batches w, w + W, ...: the others are theirs.
-        return (self.epoch * len(self.batches) + k) % self.workers == self.worker
+        return (self.epoch * len(self.batches) + k - self.first) % self.workers == 0
 
     def _let_go(self) -> tuple[np.ndarray, np.ndarray]:
         by_last, last, by_whole, whole = self.plan
