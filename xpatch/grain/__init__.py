@@ -10,6 +10,7 @@ fingerprint, the checkpoints). Their pipeline methods (``chunk_shuffle``,
 
 from xpatch.grain.base import GRAIN_HINT, Source, mark_absl_flags_parsed, require_grain
 from xpatch.grain.batches import BatchSource
+from xpatch.grain.distributed import RankSampler
 from xpatch.grain.source import ITEM_KEYS, PatchSource
 
 __all__ = [
@@ -17,6 +18,7 @@ __all__ = [
     "ITEM_KEYS",
     "BatchSource",
     "PatchSource",
+    "RankSampler",
     "Source",
     "mark_absl_flags_parsed",
     "require_grain",
