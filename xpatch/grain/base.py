@@ -30,6 +30,7 @@ from xpatch.core.chunk_cache import CacheStats
 from xpatch.core.errors import OptionError
 from xpatch.core.shuffle import check_count, check_seed, chunk_local_permutation
 from xpatch.core.sweep import sweep_permutation, sweep_ranks
+from xpatch.grain.memory import MemoryReport, memory_report
 from xpatch.grain.readahead import ChunkReads
 
 GRAIN_HINT = 'pip install "xarray-patch[grain]" (or pip install grain)'
@@ -202,6 +203,40 @@ class Source:
         mix, _ = reads.sweep_settings(None if mix is None else check_count("mix", mix), None)
         ranks, _ = sweep_ranks(reads.chunk_grids(), seed, epoch)
         return sweep_permutation(reads.touched_chunks(), ranks, mix, seed, epoch)
+
+    def memory_report(
+        self, batch_size: int = 1, read_options: Any = None, item_bytes: int | None = None
+    ) -> MemoryReport:
+        """State what a chunk-shuffled epoch holds in memory, computed before any read.
+
+        One chunk (every variable), the sweep's working set (the chunks waiting
+        for their next row, mixed, read ahead and of the positions in flight), the
+        floor of ``cache_bytes`` below which a sweep reads chunks again, the
+        loads in flight and Grain's batch queue (its prefetch buffer of elements,
+        batches after ``.batch(batch_size)``). Print it, or read its numbers.
+
+        Parameters
+        ----------
+        batch_size
+            Items per element after the shuffle (``.batch(batch_size)``).
+        read_options
+            Grain's ``ReadOptions`` of the pipeline; default Grain's defaults.
+        item_bytes
+            Bytes of one item; default its data arrays (``item_spec``), or 0 if unknown.
+
+        Returns
+        -------
+        xpatch.grain.memory.MemoryReport
+
+        Examples
+        --------
+        >>> import numpy as np, xarray as xr, xpatch
+        >>> da_ = xr.DataArray(np.zeros((64, 64), "float32"), dims=("y", "x")).chunk(16)
+        >>> report = da_.patch(y=8, x=8, stride=6).to_grain().memory_report(batch_size=4)
+        >>> report.chunk_bytes, report.floor_bytes <= report.cache_bytes
+        (1024, True)
+        """
+        return memory_report(self, batch_size, read_options, item_bytes)
 
     def chunk_shuffle(
         self,

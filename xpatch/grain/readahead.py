@@ -20,6 +20,7 @@ wrong.
 
 from __future__ import annotations
 
+import os
 import statistics
 import threading
 import time
@@ -29,7 +30,7 @@ from typing import Protocol
 
 import numpy as np
 
-from xpatch.core.sweep import chunk_uses, key_chunks, spread_positions
+from xpatch.core.sweep import chunk_uses, key_chunks
 from xpatch.grain.store_wait import store_wait
 from xpatch.grain.threads import IdlePool, closing
 
@@ -45,6 +46,48 @@ PACE_SAMPLES = 16
 #: 20 ms per read: 3 was no faster than 1, and when the pace changed its reads landed
 #: early enough to evict chunks still needed (1.01-1.03 loads per chunk, none with 1).
 MAX_LATE_PER_AHEAD = 1
+
+
+def max_reads() -> int:
+    """Return how many chunk loads a source runs at once: the cores this process may use.
+
+    Grain's ``ReadOptions`` default to 16 threads whatever the cores; decoding is
+    bound by the cores, so more loads at once only hold more chunks in memory.
+    """
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def sweep_spread(patch_count: int, chunk_count: int, reads: int | None = None) -> int:
+    """Return how far reads may start ahead of the oldest position not yet read.
+
+    One chunk's patches, or ``reads`` positions (default :func:`max_reads`) if that is
+    more: Grain's other threads wait (a read of a cached chunk takes microseconds),
+    so 16 threads hold no more chunks than ``reads`` threads do. A spread of 16
+    positions over chunks of 7 patches held 4 chunks whole at once, and a budget of
+    8 chunks (with the waiting row's frames) read each chunk 1.27 times.
+
+    Examples
+    --------
+    >>> sweep_spread(903, 128, reads=2), sweep_spread(100, 100, reads=2)
+    (7, 2)
+    """
+    per_chunk = patch_count // max(chunk_count, 1)
+    return max(max_reads() if reads is None else int(reads), int(per_chunk), 1)
+
+
+def sweep_span(patch_count: int, chunk_count: int, reads: int | None = None) -> int:
+    """Return how many chunks the positions within :func:`sweep_spread` span at most.
+
+    Examples
+    --------
+    >>> sweep_span(903, 128, reads=2)  # 7 patches a chunk: two chunks
+    2
+    """
+    per_chunk = max(patch_count / max(chunk_count, 1), 1.0)
+    return int(np.ceil(sweep_spread(patch_count, chunk_count, reads) / per_chunk)) + 1
 
 
 def reads_landing_late(
@@ -192,7 +235,7 @@ class SweepReads:
         self._ahead = int(ahead)
         self._workers_total, self._batch_size = dealt
         # Positions of other workers lie between this process's: the spread spans theirs too.
-        self._spread = spread_positions(len(touched), chunk_count) * self._workers_total
+        self._spread = sweep_spread(len(touched), chunk_count) * self._workers_total
         self._lock = threading.Lock()
         # Reads held back by the spread, each on a condition of its own: a finished read
         # wakes only those it lets go. Woken all at each finished read, Grain's 16

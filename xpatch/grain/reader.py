@@ -12,6 +12,7 @@ under a chunk shuffle.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Hashable, Sequence
 
 import numpy as np
@@ -30,6 +31,7 @@ from xpatch.core.extract import check_pad_value
 from xpatch.core.padding import PadMode, axis_modes, fill_padded
 from xpatch.core.plan import ChunkGrid
 from xpatch.core.sweep import chunk_uses
+from xpatch.grain.readahead import max_reads
 from xpatch.grain.zarr_chunks import (
     ChunkReadError,
     ZarrChunks,
@@ -50,6 +52,10 @@ RUN_CHUNKS = 4
 #: At most this share of the cache goes to one run, so that a small cache is not
 #: flushed by chunks read ahead of their patches.
 RUN_SHARE_OF_CACHE = 0.25
+
+#: Loads at once from a store that keeps reads waiting (an object store, a slow
+#: disk) at least: waiting costs no core, and the sweep's late reads hide the wait.
+WAITING_READS = 8
 
 #: Positions read one after another before the reader takes the reads to be in index
 #: order (a shuffled order, or Grain's threads, rarely give three in a row).
@@ -157,6 +163,9 @@ class PatchReader:
         self._anchors = anchors
         self._layout: FrameLayout | None = None
         self.cache = ChunkCache(self.cache_bytes)
+        #: Chunk loads at once, whatever the caller's threads (None: :meth:`reads_at_once`).
+        self.max_reads: int | None = None
+        self._reads_gate: threading.BoundedSemaphore | None = None
         #: Cache keys are ``(prefix, block)`` under a prefix (a cache shared by scenes).
         self.prefix: int | None = None
         # Positions read one after another (IN_ORDER_STREAK of them): the reader then reads
@@ -182,11 +191,13 @@ class PatchReader:
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
         del state["cache"]
+        state["_reads_gate"] = None  # a lock: each process bounds its own loads
         return state
 
     def __setstate__(self, state: dict) -> None:
         # Readers pickled before the in-order reads lack their (per-process) state.
         state = {"_last_position": -2, "_streak": 0, "_in_order": False, **state}
+        state = {"max_reads": None, **state, "_reads_gate": None}
         state["pad_mode"] = axis_modes(state["pad_mode"], len(state["size"]))
         state["wraps"] = tuple(mode == "wrap" for mode in state["pad_mode"])
         state["_last_uses"] = state.get("_last_uses")
@@ -467,11 +478,31 @@ class PatchReader:
             run.append(following)
         return run
 
+    def reads_at_once(self) -> int:
+        """Return how many chunk loads run at once in this process, whatever the threads asking.
+
+        :attr:`max_reads` if set; else the cores this process may use
+        (:func:`~xpatch.grain.readahead.max_reads`), or :data:`WAITING_READS` if more
+        and a variable's store keeps reads waiting. Grain's 16 read threads then
+        decode no more chunks at once than the cores can, and hold no more.
+        """
+        if self.max_reads is not None:
+            return int(self.max_reads)
+        waits = any(getattr(plan.stored, "waits_on_store", False) for plan in self.plans)
+        return max(max_reads(), WAITING_READS) if waits else max_reads()
+
     def _load(self, block: tuple[int, ...]) -> dict[Hashable, np.ndarray]:
         return self._load_region(self.grid.region(block))
 
     def _load_region(self, region: Sequence[slice]) -> dict[Hashable, np.ndarray]:
         """Each variable read from chunks over ``region`` (a box of whole chunks), read-only."""
+        gate = self._reads_gate
+        if gate is None:  # a race makes two gates once: each bounds its own loads
+            gate = self._reads_gate = threading.BoundedSemaphore(self.reads_at_once())
+        with gate:
+            return self._read_region(region)
+
+    def _read_region(self, region: Sequence[slice]) -> dict[Hashable, np.ndarray]:
         lazy = [plan for plan in self.plans if plan.lazy]
         waiting = [plan for plan in lazy if getattr(plan.stored, "waits_on_store", False)]
         if len(waiting) < 2:

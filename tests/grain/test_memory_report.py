@@ -1,0 +1,59 @@
+"""The memory report: computed from the geometry before any read, and bounding what is held."""
+
+from __future__ import annotations
+
+import grain
+import numpy as np
+import pytest
+import xarray as xr
+
+import xpatch  # noqa: F401 - registers .patch
+from xpatch.grain.memory import MemoryReport
+
+
+@pytest.fixture(scope="module")
+def image(tmp_path_factory) -> xr.DataArray:
+    path = tmp_path_factory.mktemp("report") / "image.zarr"
+    values = np.random.default_rng(1).integers(0, 4000, (2, 1024, 512), dtype=np.uint16)
+    encoding = {"image": {"chunks": (2, 128, 128)}}
+    xr.Dataset({"image": (("band", "y", "x"), values)}).to_zarr(
+        path, encoding=encoding, consolidated=False, zarr_format=3
+    )
+    return xr.open_zarr(path, consolidated=False)["image"]
+
+
+def test_the_report_states_the_geometry_before_any_read(image):
+    src = image.patch(y=64, x=64, stride=48).to_grain(weights=False)
+    report = src.memory_report(batch_size=16)
+    assert isinstance(report, MemoryReport)
+    assert src.cache_stats().loads == 0
+    assert report.chunk_bytes == 2 * 128 * 128 * 2  # both bands, uint16
+    assert report.chunk_count == 32
+    assert report.item_bytes == 2 * 64 * 64 * 2
+    # Fewer batches of 16 than Grain's 500 elements: the queue holds them all at most.
+    assert report.queue_bytes == -(-len(src) // 16) * 16 * report.item_bytes
+    assert report.waiting_chunks == 5  # a row of 4 chunks and one
+    assert 0 < report.waiting_bytes < report.waiting_chunks * report.chunk_bytes  # frames
+    assert report.floor_bytes < report.working_bytes <= report.cache_bytes
+    assert report.in_flight_bytes == report.reads_in_flight * report.chunk_bytes
+    text = str(report)
+    assert "floor of cache_bytes" in text and "batch queue" in text and "BELOW" not in text
+
+
+@pytest.mark.parametrize("chunks", [1.0, 1.5])
+def test_the_working_set_bounds_the_measured_peak(image, chunks):
+    floor = image.patch(y=64, x=64, stride=48).to_grain().memory_report().floor_bytes
+    chunk = 2 * 128 * 128 * 2
+    src = image.patch(y=64, x=64, stride=48).to_grain(
+        cache_bytes=int(floor + (chunks - 1) * 4 * chunk), weights=False
+    )
+    report = src.memory_report()
+    dataset = grain.MapDataset.source(src).pipe(src.chunk_shuffle, seed=2)
+    list(dataset.to_iter_dataset(grain.ReadOptions(num_threads=16)))
+    assert 0 < src.cache_stats().peak_bytes <= report.working_bytes
+
+
+def test_a_budget_below_the_floor_says_so(image):
+    src = image.patch(y=64, x=64, stride=48).to_grain(cache_bytes=2**18)
+    report = src.memory_report()
+    assert report.below_floor and "is BELOW it" in str(report)
