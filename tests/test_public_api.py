@@ -41,8 +41,14 @@ def test_the_console_script_is_xpatch_cli_main():
 
 def test_the_old_module_paths_are_gone():
     # No release shipped xpatch.scene_source or xpatch.tree_grain: the names live in
-    # xpatch.scenes and xpatch.tree only.
-    for old in ("xpatch.scene_source", "xpatch.tree_grain"):
+    # xpatch.scenes and xpatch.tree only. A periodic dim is a boundary of the core
+    # geometry: xpatch.periodic (PeriodicPatcher) and the padded object are gone.
+    for old in (
+        "xpatch.scene_source",
+        "xpatch.tree_grain",
+        "xpatch.periodic",
+        "xpatch.xarray.padded",
+    ):
         with pytest.raises(ModuleNotFoundError):
             importlib.import_module(old)
 
