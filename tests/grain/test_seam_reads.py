@@ -34,7 +34,8 @@ def test_an_epoch_across_the_seam_reads_each_chunk_about_once(options):
     for i in (0, len(p) - 1, len(p) // 2):  # the seam's patches among them
         np.testing.assert_array_equal(seen[i], p[i].values)
     # Without the wrapped chunk ids the seam's chunks were read 1.19-1.22 times.
-    assert src.cache_stats().loads / src.chunk_count <= 1.12
+    # Alone 1.06-1.09; once in a full suite run on 2 busy cores above 1.12 (Grain's threads).
+    assert src.cache_stats().loads / src.chunk_count <= 1.16
 
 
 def test_touched_ids_wrap_only_where_asked():
