@@ -26,16 +26,18 @@ def test_an_epoch_across_the_seam_reads_each_chunk_about_once(options):
     field = xr.DataArray(values, dims=("y", "x")).chunk({"y": 64, "x": 128})
     p = field.patch(y=64, x=96, stride=48, **options)
     src = p.to_grain(cache_bytes=12 * 64 * 128 * 4)  # 12 of the 32 chunks
-    pipeline = grain.MapDataset.source(src).pipe(src.chunk_shuffle, seed=1)
+    # One reading thread and no reads ahead: the count measures the sweep's plan, not
+    # how Grain's threads happened to interleave with the cache.
+    pipeline = grain.MapDataset.source(src).pipe(src.chunk_shuffle, seed=1, read_ahead=0)
     seen = {}
-    for item in pipeline.to_iter_dataset(grain.ReadOptions(num_threads=2)):
+    for item in pipeline:
         seen[int(item["index"])] = item["data"]
     assert sorted(seen) == list(range(len(p)))
     for i in (0, len(p) - 1, len(p) // 2):  # the seam's patches among them
         np.testing.assert_array_equal(seen[i], p[i].values)
-    # Without the wrapped chunk ids the seam's chunks were read 1.19-1.22 times.
-    # Alone 1.06-1.09; once in a full suite run on 2 busy cores above 1.12 (Grain's threads).
-    assert src.cache_stats().loads / src.chunk_count <= 1.16
+    # Without the wrapped chunk ids (0ca868c^): 1.125-1.28 loads per chunk; with them
+    # 1.00-1.06 (three runs each, on a busy machine too).
+    assert src.cache_stats().loads / src.chunk_count <= 1.10
 
 
 def test_touched_ids_wrap_only_where_asked():
