@@ -25,19 +25,21 @@ def test_an_epoch_across_the_seam_reads_each_chunk_about_once(options):
     values = np.random.default_rng(0).random((256, 1024)).astype("float32")
     field = xr.DataArray(values, dims=("y", "x")).chunk({"y": 64, "x": 128})
     p = field.patch(y=64, x=96, stride=48, **options)
-    src = p.to_grain(cache_bytes=12 * 64 * 128 * 4)  # 12 of the 32 chunks
-    # One reading thread and no reads ahead: the count measures the sweep's plan, not
-    # how Grain's threads happened to interleave with the cache.
-    pipeline = grain.MapDataset.source(src).pipe(src.chunk_shuffle, seed=1, read_ahead=0)
-    seen = {}
-    for item in pipeline:
-        seen[int(item["index"])] = item["data"]
-    assert sorted(seen) == list(range(len(p)))
-    for i in (0, len(p) - 1, len(p) // 2):  # the seam's patches among them
-        np.testing.assert_array_equal(seen[i], p[i].values)
-    # Without the wrapped chunk ids (0ca868c^): 1.125-1.28 loads per chunk; with them
-    # 1.00-1.06 (three runs each, on a busy machine too).
-    assert src.cache_stats().loads / src.chunk_count <= 1.10
+    loads_per_chunk = []
+    for _ in range(3):
+        src = p.to_grain(cache_bytes=12 * 64 * 128 * 4)  # 12 of the 32 chunks
+        # No reads ahead and no Grain threads: the count measures the sweep's plan. The
+        # order in which a patch's chunks land in the cache still varies from run to run
+        # (one epoch in 15 reads two or three chunks more), hence the best of three.
+        pipeline = grain.MapDataset.source(src).pipe(src.chunk_shuffle, seed=1, read_ahead=0)
+        seen = {int(item["index"]): item["data"] for item in pipeline}
+        assert sorted(seen) == list(range(len(p)))
+        for i in (0, len(p) - 1, len(p) // 2):  # the seam's patches among them
+            np.testing.assert_array_equal(seen[i], p[i].values)
+        loads_per_chunk.append(src.cache_stats().loads / src.chunk_count)
+    # Without the wrapped chunk ids (0ca868c^) 1.125-1.28 loads per chunk in every run;
+    # with them 1.00-1.06 in most (15 runs each).
+    assert min(loads_per_chunk) <= 1.07, loads_per_chunk
 
 
 def test_touched_ids_wrap_only_where_asked():
