@@ -36,6 +36,16 @@ from xpatch.tree.patcher import TreePatcher
 from xpatch.version import VERSION as __version__
 from xpatch.xarray.samplers import AtPoints, InBounds, WeightedAnchors, balanced_weights
 
+
+def __getattr__(name: str):
+    # on_grid needs the [geo] extra (rasterio, geopandas): imported when first asked for.
+    if name == "on_grid":
+        from xpatch.grid.warp import on_grid
+
+        return on_grid
+    raise AttributeError(f"module 'xpatch' has no attribute {name!r}")
+
+
 __all__ = [
     "Anchors",
     "AtLabels",
@@ -62,6 +72,7 @@ __all__ = [
     "XPatchError",
     "__version__",
     "balanced_weights",
+    "on_grid",
     "patch",
     "patch_scenes",
     "write",

@@ -27,7 +27,10 @@ cell to the same warp of the whole raster, at any chunking; the tests check it w
 hypothesis). rioxarray's ``reproject_match`` keeps GDAL's default approximation: it
 differs from the exact warp at 160 of those 65,536 cells with nearest (0.24 %, each a
 neighbouring source cell) and by up to 0.013 with bilinear, where its approximation
-moves the sample by up to 1/8 pixel. rasterio is already in the ``[geo]`` extra
+moves the sample by up to 1/8 pixel. GDAL also widens its kernels when shrinking by a
+scale it derives from each warp's windows (a one-column chunk got a bilinear kernel of
+its own: hypothesis found it); every chunk is given the whole grid's scale instead
+(:func:`_scales`). rasterio is already in the ``[geo]`` extra
 (rioxarray's dependency); odc-geo would be one more.
 
 Resampling per source: ``"nearest"``, ``"bilinear"``, ``"average"`` or ``"mode"``.
@@ -90,6 +93,7 @@ def _geopandas() -> Any:
 
 def on_grid(
     image: xr.DataArray | xr.Dataset,
+    /,
     resampling: Resampling | Mapping[str, Resampling] | None = None,
     all_touched: bool = False,
     **sources: xr.DataArray | VectorSource,
@@ -182,7 +186,10 @@ def on_grid(
         else:
             out[name] = _burned(name, source, grid, all_touched)
     result = xr.Dataset(out, attrs=dict(image.attrs))
-    if not grid.lazy:
+    lazy = grid.lazy or any(
+        isinstance(s, xr.DataArray) and isinstance(s.data, da.Array) for s in sources.values()
+    )
+    if not lazy:  # numpy in, numpy out: the chunked graph is only the way there
         result = result.compute(scheduler="synchronous")
     return result
 
@@ -331,13 +338,18 @@ def _warped(
     data = source.data if isinstance(source.data, da.Array) else da.from_array(source.data)
     lead = data.shape[:-2]
     src_shape = data.shape[-2:]
-    margin = _margin(method, transform, grid, crs)
+    ratio = _scales(transform, grid, crs)
+    # Read past a chunk's footprint as far as its kernels reach, so that its values are
+    # the whole raster's (nearest: two cells for the footprint's rounding).
+    margin = 2 if method == "nearest" else 2 * math.ceil(max(*ratio, 1.0)) + 3
     task = {
         "src_crs": crs,
         "src_nodata": nodata,
         "dst_crs": grid.crs,
         "dst_nodata": dst_nodata,
         "resampling": method,
+        # GDAL's kernel scale: below 1 when shrinking; 1 when enlarging, as GDAL takes it.
+        "scales": tuple(min(1.0, 1.0 / r) for r in ratio),
     }
     blocks = []
     for row in grid.windows():
@@ -378,15 +390,14 @@ def _offset(t: Sequence[float], row: int, col: int) -> tuple[float, ...]:
     return (a, b, c + a * col + b * row, d, e, f + d * col + e * row)
 
 
-def _margin(method: str, transform: Sequence[float], grid: _Grid, crs: Any) -> int:
-    """Source cells read around a chunk's footprint: the kernel's reach, scaled when shrinking.
+def _scales(transform: Sequence[float], grid: _Grid, crs: Any) -> tuple[float, float]:
+    """Source cells per output cell across the whole grid, along x and y.
 
-    GDAL widens bilinear, average and mode kernels by the ratio of output to source cell
-    size when it shrinks a raster; a margin past that keeps every cell a chunk's kernels
-    reach inside its window, so the chunk's values are the whole raster's.
+    GDAL widens its bilinear (and other) kernels by this ratio when it shrinks a raster,
+    and left to itself derives it from each warp's own windows: a one-cell chunk would
+    get a kernel of its own. Computed once from the whole grid and handed to every
+    chunk (``XSCALE`` / ``YSCALE``), every chunk uses the same kernel.
     """
-    if method == "nearest":
-        return 2
     rasterio = _rasterio()
     left, bottom, right, top = grid.bounds((0, grid.shape[0], 0, grid.shape[1]))
     sl, sb, sr, st = rasterio.warp.transform_bounds(
@@ -394,8 +405,7 @@ def _margin(method: str, transform: Sequence[float], grid: _Grid, crs: Any) -> i
     )
     width = abs(transform[0]) + abs(transform[1])
     height = abs(transform[3]) + abs(transform[4])
-    ratio = max((sr - sl) / width / grid.shape[1], (st - sb) / height / grid.shape[0], 1.0)
-    return 2 * math.ceil(ratio) + 3
+    return (sr - sl) / width / grid.shape[1], (st - sb) / height / grid.shape[0]
 
 
 def _source_window(
@@ -437,6 +447,7 @@ def _warp_block(
     dst_nodata: Any,
     dst_shape: tuple[int, int],
     resampling: str,
+    scales: tuple[float, float],
 ) -> np.ndarray:
     """One output chunk: GDAL's warp of its source window, with the exact transformer."""
     rasterio = _rasterio()
@@ -469,6 +480,8 @@ def _warp_block(
                 resampling=rasterio.enums.Resampling[resampling],
                 tolerance=EXACT,
                 nodata=dst_nodata,
+                XSCALE=repr(scales[0]),
+                YSCALE=repr(scales[1]),
             ) as warped,
         ):
             dest = warped.read()
