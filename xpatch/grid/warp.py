@@ -155,14 +155,16 @@ def on_grid(
     ...     np.zeros((64, 64), "float32"), dims=("y", "x"),
     ...     coords={"y": 5e6 - 5.0 - 10.0 * np.arange(64), "x": 3e5 + 5.0 + 10.0 * np.arange(64)},
     ... ).rio.write_crs("EPSG:32632").chunk(32)
-    >>> lon, lat = scene.rio.transform_bounds("EPSG:4326")[::2]
-    >>> labels = xr.DataArray(
-    ...     np.ones((30, 40), "uint8"), dims=("y", "x"),
-    ...     coords={"y": lat + 1e-4 - 2e-4 * np.arange(30), "x": lon - 1e-4 + 2e-4 * np.arange(40)},
+    >>> west, _, _, north = scene.rio.transform_bounds("EPSG:4326")
+    >>> lat, lon = north - 1e-4 - 2e-4 * np.arange(40), west + 1e-4 + 2e-4 * np.arange(30)
+    >>> labels = xr.DataArray(  # 0.0002 degrees, stopping short of the scene's east edge
+    ...     np.ones((40, 30), "uint8"), dims=("y", "x"), coords={"y": lat, "x": lon}
     ... ).rio.write_crs("EPSG:4326")
     >>> ds = xpatch.on_grid(scene.rename("image"), labels=labels)
-    >>> ds.labels.dtype, ds.labels.chunks, int(ds.labels.max())
-    (dtype('uint8'), ((32, 32), (32, 32)), 1)
+    >>> ds.labels.dtype, ds.labels.chunks, ds.labels.attrs["_FillValue"]
+    (dtype('uint8'), ((32, 32), (32, 32)), 255)
+    >>> sorted(np.unique(ds.labels.values).tolist())  # 255: cells the labels do not cover
+    [1, 255]
     """
     grid = _Grid(image)
     names = _image_variables(image)
