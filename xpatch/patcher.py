@@ -28,6 +28,7 @@ from xpatch.core.samplers import AtLabels, Sampler, anchor_array
 from xpatch.core.scale import ScaleSpec
 from xpatch.core.windows import BlendWindow, WindowSpec
 from xpatch.grain.source import PatchSource
+from xpatch.grid.guard import check_one_grid
 from xpatch.xarray import apply as xarray_apply
 from xpatch.xarray import reconstruct as xarray_reconstruct
 from xpatch.xarray import seam, views
@@ -175,6 +176,7 @@ class Patcher(Generic[T]):
         halo: int | Mapping[Hashable, int] | None = DEFAULT.halo,
         **size_kwargs: int,
     ) -> None:
+        check_one_grid(obj)
         options = LayoutOptions(boundary, window, sampler, min_valid, pad_value, pad_mode, halo)
         layout = Layout.build(obj, size_mapping(size, size_kwargs), stride, options)
         object.__setattr__(self, "_layout", layout)
