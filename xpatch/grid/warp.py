@@ -27,9 +27,17 @@ cell to the same warp of the whole raster, at any chunking; the tests check it w
 hypothesis). rioxarray's ``reproject_match`` keeps GDAL's default approximation: it
 differs from the exact warp at 160 of those 65,536 cells with nearest (0.24 %, each a
 neighbouring source cell) and by up to 0.013 with bilinear, where its approximation
-moves the sample by up to 1/8 pixel. GDAL also widens its kernels when shrinking by a
-scale it derives from each warp's windows (a one-column chunk got a bilinear kernel of
-its own: hypothesis found it); every chunk is given the whole grid's scale instead
+moves the sample by up to 1/8 pixel. On the issue's scene (4 x 4096 x 4096 at 10 m,
+chunks of 512, labels of 1248 x 1756 cells at 0.0003 degrees) ``reproject_match``
+differs at 3.9 % of the cells, and at 2,000 of them drawn at random the exact
+transform (pyproj, cell centres) agrees with this warp at every one and with
+``reproject_match`` at none. The exact transform costs: 0.16 s per 512 x 512 chunk
+against 0.017 s with the approximation (one thread), 11 s for the 64 chunks of that
+scene on 2 busy cores, against 0.9 s for ``reproject_match``'s one call.
+
+GDAL also widens its kernels when shrinking by a scale it derives from each warp's
+windows (a one-column chunk got a bilinear kernel of its own: hypothesis found it);
+every chunk is given the whole grid's scale instead
 (:func:`_scales`). rasterio is already in the ``[geo]`` extra
 (rioxarray's dependency); odc-geo would be one more.
 
