@@ -20,8 +20,8 @@ whole grid at 151 of 65,536 cells with nearest and by up to 0.013 with bilinear,
 when every chunk is given the whole source. odc-geo's dask path (``odc.geo._dask``,
 0.5.3) calls that same function per chunk with that same default, so it inherits this,
 and it forces ``XSCALE=YSCALE=1`` (a one-pixel kernel when shrinking), which rioxarray
-does not. Here each chunk is a
-:class:`rasterio.vrt.WarpedVRT` over its source window with ``tolerance=1e-9``: the
+does not. Here each chunk is a :class:`rasterio.vrt.WarpedVRT` over its source window
+with ``tolerance=1e-9``: the
 exact transform per cell, so the result does not depend on the chunks (equal cell for
 cell to the same warp of the whole raster, at any chunking; the tests check it with
 hypothesis). rioxarray's ``reproject_match`` keeps GDAL's default approximation: it
@@ -37,14 +37,14 @@ scene on 2 busy cores, against 0.9 s for ``reproject_match``'s one call.
 
 GDAL also widens its kernels when shrinking by a scale it derives from each warp's
 windows (a one-column chunk got a bilinear kernel of its own: hypothesis found it);
-every chunk is given the whole grid's scale instead
-(:func:`_scales`). rasterio is already in the ``[geo]`` extra
-(rioxarray's dependency); odc-geo would be one more.
+every chunk is given the whole grid's scale instead (``_scales``). rasterio is already
+in the ``[geo]`` extra (rioxarray's dependency); odc-geo would be one more.
 
 Resampling per source: ``"nearest"``, ``"bilinear"``, ``"average"`` or ``"mode"``.
-The default is ``"nearest"`` for integer and boolean sources (classes must not be
-blended) and ``"bilinear"`` for float sources (continuous values: reflectance, NDVI,
-elevation); a float class map needs ``resampling={"name": "nearest"}``.
+The default is ``"nearest"`` for integer sources (classes must not be blended; a
+boolean mask is refused, to be cast to ``uint8``) and ``"bilinear"`` for float sources
+(continuous values: reflectance, NDVI, elevation); a float class map needs
+``resampling={"name": "nearest"}``.
 """
 
 from __future__ import annotations
@@ -118,8 +118,8 @@ def on_grid(
     resampling
         How raster sources are warped: one name for all, or ``{source: name}``
         (sources left out take the default): ``"nearest"``, ``"bilinear"``,
-        ``"average"`` or ``"mode"``. Default: ``"nearest"`` for integer and boolean
-        sources, ``"bilinear"`` for float ones.
+        ``"average"`` or ``"mode"``. Default: ``"nearest"`` for integer sources,
+        ``"bilinear"`` for float ones.
     all_touched
         Vector sources: burn every cell a polygon touches, not only those whose
         centre it covers (:func:`rasterio.features.rasterize`'s option).
