@@ -348,6 +348,12 @@ def bench_loads(s: Sizes, values: np.ndarray) -> dict:
             loads = []
             cells = []
             for src in sources:
+                if order == "chunk_shuffle (sweep)" and src.memory_report().below_floor:
+                    # chunk_shuffle refuses a budget below the sweep's floor before reading.
+                    floor = src.memory_report().floor_chunks
+                    loads.append(float("nan"))
+                    cells.append(f"refused (floor {floor:.1f} chunks)")
+                    continue
                 stats, once = loads_per_chunk(src, order, threaded)
                 all_once &= once
                 loads.append(stats.loads / n_chunks)

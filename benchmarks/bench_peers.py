@@ -26,7 +26,8 @@ Variants:
 - ``floor-default``: the same through zarr's default store (``LocalStore`` / s3fs's
   ``FsspecStore``).
 - ``xpatch-16`` and ``xpatch-2``: as a user writes it, ``p = da.patch(...)``,
-  ``src = p.to_grain(cache_bytes=...)`` (era5: 5 % of the data, at least 24 chunks),
+  ``src = p.to_grain(cache_bytes=...)`` (era5: 5 % of the data, at least 24 chunks; raised
+  to the sweep's floor, ``src.memory_report().floor_bytes``, where that is more),
   ``grain.MapDataset.source(src).pipe(src.chunk_shuffle, seed=1).batch(16)``, iterated
   through Grain's default ``ReadOptions`` (16 read threads) and ``ReadOptions(num_threads=2)``.
 - ``xpatch-batches``: the same source served as whole batches,
@@ -69,6 +70,7 @@ The zarrs are written once under ``--data`` and reused.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import subprocess
@@ -204,6 +206,32 @@ def straddle_case(data: Path, quick: bool) -> Case:
         ),
     }
     return Case("straddle", path, "image", raw, chunks, spec)
+
+
+def at_least_the_floor(case: Case) -> Case:
+    """``case`` with ``cache_bytes`` raised to the sweep's floor if the share is below it.
+
+    Below the floor ``chunk_shuffle`` refuses the budget (it would read chunks again); the
+    floor comes from the geometry alone (``src.memory_report()``), nothing is read.
+    """
+    import warnings
+
+    import xarray as xr
+
+    import xpatch  # noqa: F401 - registers .patch
+
+    warnings.filterwarnings("ignore", message="Consolidated metadata")
+    spec = case.spec
+    da = xr.open_zarr(case.path, consolidated=False)[case.array]
+    p = da.patch(**spec["patch"], **({"stride": spec["stride"]} if "stride" in spec else {}))
+    floor = p.to_grain(cache_bytes=2**40).memory_report().floor_bytes
+    if spec["cache_bytes"] >= floor:
+        return case
+    print(
+        f"{case.name}: cache_bytes {spec['cache_bytes'] / MiB:.1f} MiB is below the sweep's "
+        f"floor, raised to it: {floor / MiB:.1f} MiB"
+    )
+    return dataclasses.replace(case, spec=spec | {"cache_bytes": floor})
 
 
 # -- S3 on loopback ----------------------------------------------------------------------------
@@ -585,6 +613,7 @@ def main(argv: list[str] | None = None) -> int:
         cases.append(era5_case(args.data, args.quick))
     if args.case in ("straddle", "all"):
         cases.append(straddle_case(args.data, args.quick))
+    cases = [at_least_the_floor(case) for case in cases]
     storages = ["local", "s3"] if args.storage == "all" else [args.storage]
     s3 = LoopbackS3() if "s3" in storages else None
     try:

@@ -11,6 +11,7 @@ import xarray as xr
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import xpatch
 from xpatch.core.chunk_cache import ChunkCache, FrameKey
 from xpatch.core.chunk_frames import FrameLayout, covering_slab
 from xpatch.core.plan import ChunkGrid
@@ -83,6 +84,11 @@ def test_property_every_chunk_shuffled_item_equals_the_direct_cut(
     values, lazy = scene(n, chunk, bands=2)
     options = {"y": size, "x": size, "stride": min(stride, size)}
     src = lazy.patch(**options).to_grain(cache_bytes=cache_chunks * 2 * chunk * chunk * 4)
+    floor = src.memory_report().floor_bytes
+    if src.memory_report().below_floor:  # refused before any read; the floor is accepted
+        with pytest.raises(xpatch.OptionError, match=f"cache_bytes >= {floor}"):
+            src.chunk_shuffle(seed=seed)
+        src = lazy.patch(**options).to_grain(cache_bytes=floor)
     dataset = src.chunk_shuffle(seed=seed)
     expected = reference_items(values, **options)
     if threaded:  # Grain's 16 read threads share the cache

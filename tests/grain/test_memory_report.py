@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import xarray as xr
 
-import xpatch  # noqa: F401 - registers .patch
+import xpatch
 from xpatch.grain.memory import MemoryReport
 
 
@@ -57,3 +57,33 @@ def test_a_budget_below_the_floor_says_so(image):
     src = image.patch(y=64, x=64, stride=48).to_grain(cache_bytes=2**18)
     report = src.memory_report()
     assert report.below_floor and "is BELOW it" in str(report)
+
+
+def test_a_sweep_below_the_floor_is_refused_before_any_read_with_the_floor_named(image):
+    # A 3 % budget: below the sweep's floor, it would read chunks again (issue 39 counted
+    # 3,846 loads for 180 chunks under a 4 MiB budget, without a word).
+    src = image.patch(y=64, x=64, stride=48).to_grain(cache_bytes=2**18, weights=False)
+    floor = src.memory_report().floor_bytes
+    with pytest.raises(xpatch.OptionError, match=r"cache_bytes=262144 .*below the floor") as info:
+        grain.MapDataset.source(src).pipe(src.chunk_shuffle, seed=0)
+    message = str(info.value)
+    assert f"cache_bytes >= {floor}" in message and "memory_report" in message
+    assert src.cache_stats().loads == 0
+    # The order of chunks at random is not a sweep: not refused (it says what it costs).
+    assert len(src.chunk_shuffle(seed=0, order="chunk")) == len(src)
+    # At the floor the sweep is accepted.
+    at_floor = image.patch(y=64, x=64, stride=48).to_grain(cache_bytes=floor, weights=False)
+    assert len(at_floor.chunk_shuffle(seed=0)) == len(at_floor)
+
+
+def test_trees_and_scenes_have_a_report_and_a_floor():
+    cells = {"y": 95.0 - 10 * np.arange(16), "x": 5.0 + 10 * np.arange(16)}
+    fine = xr.Dataset({"a": (("y", "x"), np.arange(256.0).reshape(16, 16))}, cells).chunk(8)
+    tree = xr.DataTree.from_dict({"/10m": fine})
+    tree_src = tree.patch(y=4, x=4).to_grain()
+    report = tree_src.memory_report()
+    assert report.chunk_count == 4 and report.chunk_bytes == 8 * 8 * 8
+    assert not report.below_floor
+    scenes = xpatch.patch_scenes([fine["a"], fine["a"].isel(y=slice(0, 8))], y=4, x=4)
+    scene_report = scenes.to_grain().memory_report()
+    assert scene_report.chunk_count == 4 + 2 and scene_report.floor_bytes > 0

@@ -36,6 +36,11 @@ def chunk_bytes(chunk: int) -> int:
     return BANDS * chunk * chunk * 4
 
 
+def at_the_floor(patcher):
+    """``patcher``'s Grain source with the least cache a sweep accepts (its floor)."""
+    return patcher.to_grain(cache_bytes=patcher.to_grain().memory_report().floor_bytes)
+
+
 def direct_cuts(values: np.ndarray, **options) -> dict[tuple, np.ndarray]:
     """Every patch of the numpy array under the same layout, by anchor."""
     src = xr.DataArray(values, dims=("band", "y", "x")).patch(**options).to_grain()
@@ -138,7 +143,7 @@ def test_three_scenes_of_other_shapes_are_each_read_once_through_one_cache():
     scenes[1] = scenes[1].isel(y=slice(0, 32), x=slice(0, 48))
     scenes[2] = lazy_scene(64, 32, 16, seed=2)[1]
     sp = xpatch.patch_scenes(scenes, y=10, x=10, stride=7)
-    src = sp.to_grain(cache_bytes=6 * chunk_bytes(16))
+    src = at_the_floor(sp)
     assert src.chunk_count == 15 + 6 + 8
     dataset = src.chunk_shuffle(seed=2, read_ahead=0)
     items = [dataset[i] for i in range(len(src))]
@@ -154,7 +159,7 @@ def test_a_dataset_with_mixed_dims_is_read_once_and_exact():
     values, image = lazy_scene(64, 64, 16)
     mask = xr.DataArray(dsa.from_array(values[0] > 0, chunks=16), dims=("y", "x"))  # no band dim
     ds = xr.Dataset({"image": image, "mask": mask})
-    src = ds.patch(y=12, x=12, stride=9).to_grain(cache_bytes=6 * chunk_bytes(16))
+    src = at_the_floor(ds.patch(y=12, x=12, stride=9))
     dataset = src.chunk_shuffle(seed=5, read_ahead=0)
     for i in range(len(src)):
         item = dataset[i]
@@ -166,7 +171,7 @@ def test_a_dataset_with_mixed_dims_is_read_once_and_exact():
 
 def test_workers_read_their_own_runs_and_share_only_the_chunks_at_the_cut():
     _, lazy = lazy_scene(128, 64, 16)  # 8 x 4 chunks
-    src = lazy.patch(y=10, x=10, stride=7).to_grain(cache_bytes=8 * chunk_bytes(16))
+    src = at_the_floor(lazy.patch(y=10, x=10, stride=7))
     total, touched = 0, src.touched_chunks()
     for worker in range(2):
         mine = pickle.loads(pickle.dumps(src))  # as mp_prefetch sends it to a worker
@@ -185,7 +190,7 @@ def test_workers_read_their_own_runs_and_share_only_the_chunks_at_the_cut():
 
 def test_a_second_pass_over_the_same_epoch_reads_each_chunk_once_again():
     _, lazy = lazy_scene(64, 64, 16)
-    src = lazy.patch(y=10, x=10, stride=7).to_grain(cache_bytes=6 * chunk_bytes(16))
+    src = at_the_floor(lazy.patch(y=10, x=10, stride=7))
     dataset = src.chunk_shuffle(seed=3, read_ahead=0)
     for _ in range(2):  # e.g. a new iterator after a restore
         for i in range(len(src)):
@@ -193,7 +198,7 @@ def test_a_second_pass_over_the_same_epoch_reads_each_chunk_once_again():
     assert src.cache_stats().loads == 2 * 16
     # A pass restored in the middle of an epoch, in a fresh process (a fresh source):
     # each chunk the positions it reads touch, once.
-    fresh = lazy.patch(y=10, x=10, stride=7).to_grain(cache_bytes=6 * chunk_bytes(16))
+    fresh = at_the_floor(lazy.patch(y=10, x=10, stride=7))
     restored = fresh.chunk_shuffle(seed=3, read_ahead=0)
     half = range(len(src) // 2, len(src))
     for i in half:
@@ -347,6 +352,12 @@ def test_property_every_patch_once_exact_whatever_the_cache_and_the_workers(
     values, lazy = lazy_scene(rows, cols, chunk)
     options = {"y": min(size, rows), "x": min(size, cols), "stride": min(stride, size)}
     src = lazy.patch(**options).to_grain(cache_bytes=cache_chunks * chunk_bytes(chunk))
+    report = src.memory_report()
+    if report.below_floor:  # refused before any read, the floor named
+        with pytest.raises(xpatch.OptionError, match=f"cache_bytes >= {report.floor_bytes}"):
+            src.chunk_shuffle(seed=seed, worker_count=workers, batch_size=3)
+        assert src.cache_stats().loads == 0
+        src = lazy.patch(**options).to_grain(cache_bytes=report.floor_bytes)
     dataset = src.chunk_shuffle(seed=seed, worker_count=workers, batch_size=3)
     expected = direct_cuts(values, **options)
     served = []

@@ -27,6 +27,7 @@ from xpatch.core.shuffle import (
     worker_permutation,
 )
 from xpatch.core.sweep import sweep_permutation, sweep_ranks
+from xpatch.grain.memory import check_floor
 from xpatch.grain.readahead import ChunkReads, SweepReads
 
 #: The orders :meth:`~xpatch.grain.base.Source.chunk_shuffle` offers.
@@ -100,6 +101,8 @@ def chunk_shuffle(
     # Shards split the patches by anchor chunk; the order may group them otherwise.
     sweep = None
     if order == "sweep":
+        # Below the floor a sweep evicts chunks it still needs: refused before any read.
+        check_floor(reads)
         mix, ahead = reads.sweep_settings(mix, read_ahead)
         visits = reads.touched_chunks()
         sweep = Sweep(reads.chunk_grids(), mix, ahead)

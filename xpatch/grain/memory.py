@@ -184,7 +184,8 @@ def sweep_needs(reads: Any) -> SweepNeeds | None:
     chunk_bytes = max(c for c, _ in costs)
     waiting = max(waiting_row(g) * share * c for g, (c, share) in zip(grids, costs))
     waiting_chunks = max(waiting_row(g) if share > 0 else 0 for g, (_, share) in zip(grids, costs))
-    span = sweep_span(len(reads), reads.chunk_count)
+    # A tree's reads have no chunk count of their own: the sweep's are its reference node's.
+    span = sweep_span(len(reads), sum(source.chunk_count for source in sources))
     cache_bytes = sources[0].reader.cache.max_bytes
     return SweepNeeds(chunk_bytes, waiting_chunks, int(np.ceil(waiting)), span, cache_bytes)
 
@@ -243,7 +244,7 @@ def memory_report(
     chunk = max(needs.chunk_bytes, 1)
     return MemoryReport(
         chunk_bytes=needs.chunk_bytes,
-        chunk_count=int(reads.chunk_count),
+        chunk_count=sum(int(s.chunk_count) for s in sources),
         waiting_chunks=needs.waiting_chunks,
         waiting_bytes=needs.waiting_bytes,
         span_chunks=needs.span_chunks,
