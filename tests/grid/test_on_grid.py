@@ -338,6 +338,23 @@ def test_a_source_named_like_an_image_variable_is_refused():
         xpatch.on_grid(make_scene().to_dataset("band").rename({1: "red"}), red=make_labels())
 
 
+def test_a_resampling_for_polygons_is_refused():
+    with pytest.raises(OptionError, match=r"names 'fields', which is not a raster source"):
+        xpatch.on_grid(make_scene(), fields=make_polygons(), resampling={"fields": "nearest"})
+
+
+def test_a_bad_source_is_refused_before_any_other_source_is_read(tmp_path, monkeypatch):
+    path = tmp_path / "fields.gpkg"
+    make_polygons().to_file(path)
+    read = []
+    original = geopandas.read_file
+    monkeypatch.setattr(geopandas, "read_file", lambda *a, **k: read.append(a) or original(*a, **k))
+    labels = make_labels().drop_vars("spatial_ref")
+    with forbid_compute(), pytest.raises(GeometryError, match="source labels= has no CRS"):
+        xpatch.on_grid(make_scene(), fields=str(path), labels=labels)
+    assert read == []
+
+
 def test_other_bad_sources_are_refused_naming_them():
     with pytest.raises(OptionError, match=r"source labels= is a list"):
         xpatch.on_grid(make_scene(), labels=[1, 2])

@@ -187,15 +187,12 @@ def on_grid(
                 f"{sorted(map(str, names))}."
             )
     methods = _resampling_of(resampling, sources)
+    for name, source in sources.items():  # every source checked before any is read
+        _check_source(name, source)
     out = dict(names)
     for name, source in sources.items():
-        if isinstance(source, xr.DataArray):
+        if _is_raster(source):
             out[name] = _warped(name, source, grid, methods.get(name))
-        elif isinstance(source, xr.Dataset):
-            raise OptionError(
-                f"source {name}= is a Dataset: give its variables one by one "
-                f"(on_grid(image, {name}=ds['band']))."
-            )
         else:
             out[name] = _burned(name, source, grid, all_touched)
     result = xr.Dataset(out, attrs=dict(image.attrs))
@@ -223,11 +220,13 @@ def _resampling_of(
         if isinstance(resampling, Mapping)
         else {name: resampling for name, source in sources.items() if _is_raster(source)}
     )
+    rasters = sorted(name for name, source in sources.items() if _is_raster(source))
     for name, method in given.items():
-        if name not in sources:
+        if name not in rasters:
             raise OptionError(
-                f"resampling= names {name!r}, which is not a source: the sources are "
-                f"{sorted(sources)}; give resampling={{source_name: method}}."
+                f"resampling= names {name!r}, which is not a raster source: the raster "
+                f"sources are {rasters} (polygons are burned, not resampled); give "
+                "resampling={source_name: method}."
             )
         if method not in RESAMPLINGS:
             raise OptionError(
@@ -239,6 +238,45 @@ def _resampling_of(
 
 def _is_raster(source: Any) -> bool:
     return isinstance(source, xr.DataArray)
+
+
+def _check_source(name: str, source: Any) -> None:
+    """Refuse a source that cannot go on the grid, naming it and the fix (nothing read)."""
+    if isinstance(source, xr.Dataset):
+        raise OptionError(
+            f"source {name}= is a Dataset: give its variables one by one "
+            f"(on_grid(image, {name}=ds['band']))."
+        )
+    if _is_raster(source):
+        if raster_dims(source) is None:
+            raise DimensionError(
+                f"source {name}= has no y and x dims (its dims are {list(source.dims)}): "
+                "name them y/x (or lat/lon)."
+            )
+        if crs_of(source) is None:
+            raise GeometryError(
+                f"source {name}= has no CRS, so it cannot be warped onto the image's grid: "
+                f'write it with {name}.rio.write_crs("EPSG:...") (the CRS its x/y are in).'
+            )
+        if source.dtype == bool:
+            raise OptionError(
+                f"source {name}= is boolean, which GDAL cannot warp: give {name}.astype('uint8')."
+            )
+        _transform_or_raise(source, f"source {name}")
+        return
+    frame = source
+    if isinstance(source, tuple):
+        if len(source) != 2 or not isinstance(source[1], str):
+            raise OptionError(
+                f"source {name}= is a tuple: give (frame_or_path, column), e.g. "
+                f'{name}=(gdf, "class"); got {len(source)} item(s).'
+            )
+        frame = source[0]
+    if not isinstance(frame, (str, os.PathLike)) and not hasattr(frame, "geometry"):
+        raise OptionError(
+            f"source {name}= is a {type(frame).__name__}: give a DataArray with a CRS, a "
+            "GeoDataFrame, a path geopandas reads, or (frame_or_path, column)."
+        )
 
 
 class _Grid:
@@ -324,22 +362,8 @@ def _warped(
 ) -> xr.DataArray:
     rasterio = _rasterio()
     dims = raster_dims(source)
-    if dims is None:
-        raise DimensionError(
-            f"source {name}= has no y and x dims (its dims are {list(source.dims)}): name "
-            "them y/x (or lat/lon)."
-        )
     crs = crs_of(source)
-    if crs is None:
-        raise GeometryError(
-            f"source {name}= has no CRS, so it cannot be warped onto the image's grid: "
-            f'write it with {name}.rio.write_crs("EPSG:...") (the CRS its x/y are in).'
-        )
     transform = _transform_or_raise(source, f"source {name}")
-    if source.dtype == bool:
-        raise OptionError(
-            f"source {name}= is boolean, which GDAL cannot warp: give {name}.astype('uint8')."
-        )
     if method is None:
         method = "bilinear" if np.issubdtype(source.dtype, np.floating) else "nearest"
     extra = [d for d in source.dims if d not in dims]
@@ -509,11 +533,6 @@ def _burned(name: str, source: VectorSource, grid: _Grid, all_touched: bool) -> 
     rasterio = _rasterio()
     column = None
     if isinstance(source, tuple):
-        if len(source) != 2 or not isinstance(source[1], str):
-            raise OptionError(
-                f"source {name}= is a tuple: give (frame_or_path, column), e.g. "
-                f'{name}=(gdf, "class"); got {len(source)} item(s).'
-            )
         source, column = source
     if isinstance(source, (str, os.PathLike)):
         source = geopandas.read_file(source)
