@@ -18,20 +18,22 @@ The target (issue 40): under 1 GiB peak. Nothing is asserted.
 
 GDAL keeps a block cache of its own, by default 5 % of the machine's RAM (1.2 GB on a
 23 GB machine), which fills with the scene's decoded blocks and dominates the peak: the
-runs set ``GDAL_CACHEMAX`` to 64 MB (``--gdal-cache``). Measured 2026-11-27 on 2 busy
-cores (nice 19), the issue's sizes, one epoch of 1849 patches, 121 chunks:
+runs set ``GDAL_CACHEMAX`` to 64 MB (``--gdal-cache``). Measured 2026-11-27 on 2 cores
+busy with other work (nice 19), the issue's sizes, one epoch of 1849 patches, 121 chunks,
+each run in a fresh process:
 
 =====================  ==========  ===========  ==========  ===========
-GDAL_CACHEMAX          default     default      64 MB       64 MB
+GDAL_CACHEMAX, buffer  64 MB, 32   64 MB, 32    64 MB, 500  64 MB, 500
 what                   image only  with labels  image only  with labels
-peak RSS (MiB)         1773        1846         666         748
-epoch (s)              9.5         79.6         9.8         65.5
+peak RSS (MiB)         673         755          703         736
+epoch (s)              9.9         77.9         17.7        271 (busy)
 =====================  ==========  ===========  ==========  ===========
 
-(prefetch_buffer_size 32; with Grain's default of 500 the labels run peaked at 1854 and
-767 MiB.) Each chunk loaded once (121 loads) and each label window warped once (121);
-the labels cost 80 MiB of memory and most of the time: GDAL's exact transform over
-1024 x 1024 cells, about 0.5 s a chunk on one thread.
+(buffer: Grain's ``prefetch_buffer_size``; 500 is its default.) With GDAL's default
+cache the same runs peaked at 1773 (image only) and 1846 MiB (with labels). Each chunk
+loaded once (121 loads) and each label window was warped once (121); the labels cost
+about 80 MiB and most of the time: GDAL's exact transform over 1024 x 1024 cells, about
+0.5 s a chunk on one thread (the times are noisy on a shared machine).
 """
 
 from __future__ import annotations
