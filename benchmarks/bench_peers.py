@@ -57,6 +57,14 @@ and is given with ``--peer-python /work/venv-peers/bin/python`` (xbatcher runs t
 without it both are skipped with a note). The floors and xpatch run under this interpreter,
 which needs ``pip install -e ".[test]"`` (obstore, s3fs, moto, grain).
 
+Grain imports JAX whenever it is installed (``import grain`` then holds 118 MiB more, on
+this machine 235 MiB against 117 without it), and the test extra installs JAX for the JAX
+example; a PyTorch user's environment has none. ``--xpatch-python`` runs the xpatch
+variants under another interpreter, e.g. one with only the extras a user installs::
+
+    python -m venv /work/venv-xpatch
+    /work/venv-xpatch/bin/pip install -e ".[grain,cloud]"
+
 Run::
 
     python benchmarks/bench_peers.py --peer-python /work/venv-peers/bin/python
@@ -565,6 +573,10 @@ def main(argv: list[str] | None = None) -> int:
         "--peer-python", help="the Python >= 3.12 that has insitubatch and xbatcher installed"
     )
     parser.add_argument(
+        "--xpatch-python",
+        help="the interpreter of the xpatch variants (default this one), e.g. one without JAX",
+    )
+    parser.add_argument(
         "--data", type=Path, default=Path("/tmp/xpatch-bench-peers"), help="where the zarrs go"
     )
     parser.add_argument(
@@ -604,7 +616,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         version_line(
             "peers", args.quick, f"zarr {zarr.__version__}, grain {grain.__version__}, "
-            f"{repeats} repeat(s), peer python {peer or '-'}"
+            f"{repeats} repeat(s), peer python {peer or '-'}, "
+            f"xpatch python {args.xpatch_python or sys.executable}"
         )
     )  # fmt: skip
     args.data.mkdir(parents=True, exist_ok=True)
@@ -653,6 +666,8 @@ def main(argv: list[str] | None = None) -> int:
                 for _ in range(repeats):
                     for variant in chosen:
                         python = peer if variant in PEER_VARIANTS else sys.executable
+                        if variant.startswith("xpatch") and args.xpatch_python:
+                            python = args.xpatch_python
                         runs[variant].append(
                             spawn(python, job | {"variant": variant}, args.timeout)
                         )

@@ -16,7 +16,6 @@ decides when waves are used (:func:`waves_fit_the_scheduler` or a
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import functools
 import os
 import pickle
@@ -36,6 +35,7 @@ from dask.threaded import get as threaded_get
 
 from xpatch.core.blend.overlap_add import worker_count
 from xpatch.core.chunk_cache import nbytes_of
+from xpatch.core.malloc import map_large_blocks, trim
 from xpatch.io.spill_folders import LockedFolder
 
 #: Names of the store tasks of a write start with this; the progress bar counts them.
@@ -174,7 +174,7 @@ def run_in_waves(
         The sum of the store tasks' results: the number of blocks written.
     """
     scheduler = dask.base.get_scheduler() or threaded_get
-    _map_large_arrays()
+    map_large_blocks(MMAP_THRESHOLD)
     bar = _BlockProgress(sum(map(len, waves))) if progress else contextlib.nullcontext()
     written = 0
     carried: dict = {}  # overhang key -> its pieces, standing in the graph
@@ -212,7 +212,7 @@ def run_in_waves(
                         graph[key] = carried[key]
                 if client is None:
                     spill.over(carried, graph, functools.partial(_next_read, last_read, number))
-                _trim_memory()
+                trim()  # what a wave freed goes back to the OS
         except BaseException:
             # A failed wave must not leave results on the cluster (futures that the
             # traceback's frames would pin for the client's life), nor hold them here.
@@ -359,44 +359,11 @@ def _block_read(last_read: dict, key: tuple, block: tuple) -> int:
     return last_read.get((name, *key[2:], *block), -1)
 
 
-#: glibc's ``mallopt`` parameter of the size from which allocations are mapped.
-M_MMAP_THRESHOLD = -3
-
-#: Arrays from this size on get pages of their own, handed back to the OS when freed.
+#: Arrays from this size on get pages of their own, handed back to the OS when freed:
+#: with glibc's sliding threshold, input chunks, patches and partials of a few MiB
+#: came from the worker threads' heaps, and the resident size grew by ~130 MiB over
+#: the live data in a 1 GiB write (docs/scale.md).
 MMAP_THRESHOLD = 2**20
-
-
-@functools.cache
-def _map_large_arrays() -> None:
-    """Have glibc map every allocation of :data:`MMAP_THRESHOLD` bytes or more.
-
-    By default glibc raises its threshold to the largest block freed so far (up
-    to 32 MiB), after which input chunks, patches and partials of a few MiB come
-    from the heaps of the worker threads; a block freed by one thread is not
-    reused by another, and the resident size grew by ~130 MiB over the live data
-    in a 1 GiB write (docs/scale.md). A fixed threshold maps them instead: freed,
-    they leave the process at once. Process-wide and kept (glibc offers no way
-    back to the sliding threshold); other programs see the same arrays, only
-    mapped. Done once, at the first write in waves.
-    """
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:  # not glibc
-        return
-    libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
-
-
-def _trim_memory() -> None:
-    """Hand memory freed by a wave back to the OS.
-
-    glibc keeps freed large blocks for reuse, so the resident size would stay at
-    the peak of the busiest wave; dask.distributed trims its workers the same way.
-    """
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:  # not glibc
-        return
-    libc.malloc_trim(0)
 
 
 class _BlockProgress(Callback):
