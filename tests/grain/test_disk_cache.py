@@ -156,6 +156,22 @@ def test_a_damaged_file_is_read_again_from_the_store_never_served(tmp_path, stor
     assert store_reads == []
 
 
+def test_a_whole_file_under_another_chunks_name_is_never_served(tmp_path, store_reads):
+    # A writer's temporary file renamed over the wrong name (a file system without
+    # atomic renames): whole, its checksum right, but another chunk's values.
+    values = write_zarr(tmp_path / "a.zarr")
+    cache = tmp_path / "cache"
+    epoch(opened(tmp_path / "a.zarr").patch(**SIZE).to_grain(cache_dir=cache))
+    first, second = cache_files(cache)[:2]
+    os.replace(first, second)
+    store_reads.clear()
+    src = opened(tmp_path / "a.zarr").patch(**SIZE).to_grain(cache_dir=cache)
+    assert_items_equal(epoch(src), values)
+    stats = src.disk_cache_stats()["data"]
+    assert (stats.rejected, stats.misses, stats.writes) == (1, 2, 2)
+    assert len(set(store_reads)) == 2
+
+
 def test_a_bad_cache_dir_is_refused_before_any_read(tmp_path):
     write_zarr(tmp_path / "a.zarr")
     (tmp_path / "file").write_text("")
@@ -290,7 +306,8 @@ def test_writers_killed_with_sigkill_leave_nothing_partial_to_serve(writers, sto
         np.testing.assert_array_equal(
             disk.get(coords, (2, 256, 256), np.dtype("float32")), chunk_of(values, path)
         )
-    # A file system without atomic renames: the half-written file under a chunk's name.
+    # A file system without atomic renames: a killed writer's temporary file (half written,
+    # or whole but another chunk's) under a chunk's name.
     victim = finals[0] if finals else folder / f"0.0.0{SUFFIX}"
     os.replace(temps[-1], victim)
     src = opened(big).patch(time=1, y=128, x=128).to_grain(cache_dir=cache)

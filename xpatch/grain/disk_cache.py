@@ -6,8 +6,8 @@ from there the next time, in any process: the next epoch, the workers of
 ``mp_prefetch``, the other ranks of a training on one machine. A second epoch over an
 object store then reads local disk, not the bucket.
 
-The file is the chunk's raw bytes after a header of :data:`HEADER_BYTES` (its dtype,
-shape, length and CRC-32). Raw bytes because that is what reads fastest: one
+The file is the chunk's raw bytes after a header of :data:`HEADER_BYTES` (its chunk
+coordinates, dtype, shape, length and CRC-32). Raw bytes because that is what reads fastest: one
 ``readinto`` from the page cache straight into the array served, no decoding, no
 parsing beyond a short header (``np.load`` parses a Python literal and allocates
 the same way but carries no checksum; a memory map would defer the read to the
@@ -18,8 +18,10 @@ Safe with one writer and many readers, and after a kill: a chunk is written to a
 temporary file in the same folder and renamed over its name (``os.replace``,
 atomic), so a reader sees the whole file or none. A file that is not whole all the
 same (a file system without atomic renames, a crash of the machine before its
-pages reached the disk, a full disk) fails its length or checksum: it is read again
-from the store and written again, never served. Two processes writing the same
+pages reached the disk, a full disk) fails its length or checksum, and a whole file
+under another chunk's name (a writer's temporary file renamed over the wrong name by
+such a file system) fails its coordinates: it is read again from the store and written
+again, never served. Two processes writing the same
 chunk write the same bytes; the last rename wins. Temporary files left by a killed
 writer are removed once they are an hour old.
 """
@@ -134,8 +136,9 @@ class DiskChunks:
     ) -> np.ndarray | None:
         """Return the chunk at ``coords`` as stored on disk, or None if it is not there whole.
 
-        None too when its header names another dtype or shape, or its length or
-        checksum is wrong: the caller reads the store and :meth:`put` replaces it.
+        None too when its header names other chunk coordinates, another dtype or
+        shape, or its length or checksum is wrong: the caller reads the store and
+        :meth:`put` replaces it.
         """
         try:
             handle = open(self.path(coords), "rb", buffering=0)
@@ -143,7 +146,9 @@ class DiskChunks:
             self._count("misses")
             return None
         with handle:
-            values = _read_whole(handle, tuple(int(n) for n in shape), np.dtype(dtype))
+            values = _read_whole(
+                handle, tuple(int(n) for n in shape), np.dtype(dtype), _coords(coords)
+            )
         self._count("misses" if values is None else "hits")
         if values is None and self.path(coords).exists():
             self._count("rejected")
@@ -157,7 +162,7 @@ class DiskChunks:
         """
         values = np.ascontiguousarray(values)
         data = values.reshape(-1).view(np.uint8)
-        header = _header(values, zlib.crc32(data))
+        header = _header(values, zlib.crc32(data), _coords(coords))
         temp = None
         try:
             self._make_folder()
@@ -206,8 +211,17 @@ class DiskChunks:
         self._made = True
 
 
-def _header(values: np.ndarray, crc: int) -> bytes:
-    info = {"dtype": values.dtype.str, "shape": list(values.shape), "nbytes": values.nbytes}
+def _coords(coords: Sequence[int]) -> list[int]:
+    return [int(c) for c in coords]
+
+
+def _header(values: np.ndarray, crc: int, coords: list[int]) -> bytes:
+    info = {
+        "coords": coords,
+        "dtype": values.dtype.str,
+        "shape": list(values.shape),
+        "nbytes": values.nbytes,
+    }
     text = json.dumps({**info, "crc32": crc}).encode()
     room = HEADER_BYTES - len(MAGIC) - 1
     if len(text) > room:
@@ -224,7 +238,9 @@ def _write_file(fd: int, header: bytes, data: np.ndarray) -> None:
         handle.write(memoryview(data))
 
 
-def _read_whole(handle, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray | None:
+def _read_whole(
+    handle, shape: tuple[int, ...], dtype: np.dtype, coords: list[int]
+) -> np.ndarray | None:
     head = handle.read(HEADER_BYTES)
     if len(head) != HEADER_BYTES or not head.startswith(MAGIC):
         return None
@@ -234,7 +250,8 @@ def _read_whole(handle, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray |
         return None
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     if (
-        info.get("dtype") != dtype.str
+        info.get("coords") != coords
+        or info.get("dtype") != dtype.str
         or tuple(info.get("shape", ())) != shape
         or info.get("nbytes") != nbytes
         or os.fstat(handle.fileno()).st_size != HEADER_BYTES + nbytes
