@@ -254,11 +254,22 @@ SLOW_MODEL = textwrap.dedent(
     CALLS = [0]
 
 
+    def block_done():
+        done = os.path.join(os.environ.get("XPATCH_TEST_TARGET", ""), ".xpatch", "done")
+        return os.path.isdir(done) and any(os.scandir(done))
+
+
     def double(batch):
-        # After two batches, wait while the test holds the run (it then sends Ctrl-C):
-        # however loaded the machine, the run cannot finish before the signal.
+        # Once a block is done, wait while the test holds the run (it then sends
+        # Ctrl-C): however loaded the machine, the run cannot finish before the signal.
+        # Holding after a count of batches instead held for ever when the threads had
+        # each begun another block (none done, none to finish).
         CALLS[0] += 1
-        while CALLS[0] > 2 and os.path.exists(os.environ.get("XPATCH_TEST_HOLD", "")):
+        while (
+            CALLS[0] > 2
+            and block_done()
+            and os.path.exists(os.environ.get("XPATCH_TEST_HOLD", ""))
+        ):
             time.sleep(0.02)
         return batch * 2
     """
@@ -287,12 +298,19 @@ def test_ctrl_c_stops_with_one_line_and_the_same_command_resumes(scene, tmp_path
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env={**os.environ, "PYTHONWARNINGS": "ignore", "XPATCH_TEST_HOLD": str(hold)},
+        env={
+            **os.environ,
+            "PYTHONWARNINGS": "ignore",
+            "XPATCH_TEST_HOLD": str(hold),
+            "XPATCH_TEST_TARGET": str(target),
+        },
     )
     try:
         deadline = time.monotonic() + 120
         while not done_markers(target):
-            assert process.poll() is None and time.monotonic() < deadline, process.stderr.read()
+            if process.poll() is not None or time.monotonic() > deadline:
+                process.kill()  # its stderr ends only with it
+                pytest.fail(f"no block done in 120 s: {process.communicate()[1][-3000:]}")
             time.sleep(0.05)
         process.send_signal(signal.SIGINT)
         time.sleep(0.5)
