@@ -7,8 +7,8 @@ process well past the data it holds:
   up to eight per core), and a block freed into one arena is reused by that arena
   only. Grain's 16 read threads and the reads ahead each decode chunks and cut
   patches of a few hundred KiB to a few MiB: over one epoch of insitubatch's ERA5
-  case (``benchmarks/bench_peers.py``) the peak RSS was 276-376 MiB with glibc's
-  default arenas and 237-258 MiB with two, at the same speed.
+  case (``benchmarks/bench_peers.py``, two rounds of runs) the peak RSS was 276-397
+  MiB with glibc's default arenas and 237-292 MiB with two, at the same speed.
 - Its threshold for mapping a large block sits wherever the largest freed block
   put it (up to 32 MiB), so blocks of a few MiB come from those heaps too
   (:func:`map_large_blocks`, used by writes in waves: ``docs/scale.md``).
