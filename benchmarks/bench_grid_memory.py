@@ -17,23 +17,31 @@ Run::
 The target (issue 40): under 1 GiB peak. Nothing is asserted.
 
 GDAL keeps a block cache of its own, by default 5 % of the machine's RAM (1.2 GB on a
-23 GB machine), which fills with the scene's decoded blocks and dominates the peak: the
-runs set ``GDAL_CACHEMAX`` to 64 MB (``--gdal-cache``). Measured 2026-11-27 on 2 cores
-busy with other work (nice 19), the issue's sizes, one epoch of 1849 patches, 121 chunks,
-each run in a fresh process:
+23 GB machine), which fills with the scene's decoded blocks and dominated the peak
+(1.8 GiB). ``on_grid`` lowers it to 64 MiB for the process (and each of its warp tasks
+in the process it runs in) unless ``GDAL_CACHEMAX`` is set, in the environment or an
+active ``rasterio.Env``: the user's choice wins. The runs leave the environment as it is
+(``--gdal-cache`` sets it). Measured 2026-11-28 with ``GDAL_CACHEMAX`` unset, on 2 cores
+busy with other work, the issue's sizes, one epoch of 1849 patches, 121 chunks, each run
+in a fresh process (``env -u GDAL_CACHEMAX /usr/bin/time -v python
+benchmarks/bench_grid_memory.py``):
 
-=====================  ==========  ===========  ==========  ===========
-GDAL_CACHEMAX, buffer  64 MB, 32   64 MB, 32    64 MB, 500  64 MB, 500
-what                   image only  with labels  image only  with labels
-peak RSS (MiB)         673         755          703         736
-epoch (s)              9.9         77.9         17.7        271 (busy)
-=====================  ==========  ===========  ==========  ===========
+==================  ==========  ===========  ==========  ===========
+buffer              32          32           500         500
+what                image only  with labels  image only  with labels
+peak RSS (MiB)      1777        705          1789        702
+epoch (s)           14.3        58.4         13.4        76.3
+==================  ==========  ===========  ==========  ===========
 
-(buffer: Grain's ``prefetch_buffer_size``; 500 is its default.) With GDAL's default
-cache the same runs peaked at 1773 (image only) and 1846 MiB (with labels). Each chunk
-loaded once (121 loads) and each label window was warped once (121); the labels cost
-about 80 MiB and most of the time: GDAL's exact transform over 1024 x 1024 cells, about
-0.5 s a chunk on one thread (the times are noisy on a shared machine).
+(buffer: Grain's ``prefetch_buffer_size``; 500 is its default.) "Image only" does not
+call ``on_grid``, so GDAL's default cache stays: with ``GDAL_CACHEMAX=64`` it peaked at
+673 MiB (buffer 32) and 703 (500) on 2026-11-27. Before on_grid bounded the cache, the
+runs with labels peaked at 1799-1853 MiB with ``GDAL_CACHEMAX`` unset; three runs of
+each, alternated (buffer 32), took 59-75 s (84.8-89.0 s of CPU) with GDAL's default
+cache and 69-79 s (85.4-89.8 s of CPU) bounded: the same work, the wall times noisy on
+a shared machine. Each chunk loaded once (121 loads) and each label window was warped
+once (121); the labels cost most of the time: GDAL's exact transform over 1024 x 1024
+cells, about 0.5 s a chunk on one thread.
 """
 
 from __future__ import annotations
@@ -173,8 +181,9 @@ def main() -> None:
     parser.add_argument("--folder", default="/tmp/xpatch_bench_grid", help="where the inputs go")
     parser.add_argument(
         "--gdal-cache",
-        default="64",
-        help="GDAL_CACHEMAX of the runs, MB (GDAL's default is 5 %% of the RAM)",
+        default=None,
+        help="GDAL_CACHEMAX of the runs, MB (default: as the environment has it; unset, "
+        "on_grid bounds GDAL's cache to 64 MiB, which is otherwise 5 %% of the RAM)",
     )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--variant", default="labels", help=argparse.SUPPRESS)
@@ -196,7 +205,9 @@ def main() -> None:
             command = [sys.executable, __file__, "--child", "--folder", str(folder)]
             command += ["--variant", variant, "--buffer", str(buffer)]
             command += ["--quick"] if args.quick else []
-            env = {**os.environ, "GDAL_CACHEMAX": args.gdal_cache}
+            env = dict(os.environ)
+            if args.gdal_cache is not None:
+                env["GDAL_CACHEMAX"] = args.gdal_cache
             done = subprocess.run(command, capture_output=True, text=True, check=True, env=env)
             results.append(json.loads(done.stdout.strip().splitlines()[-1]))
     for key in results[0]:

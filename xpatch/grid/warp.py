@@ -43,6 +43,16 @@ on an 18 x 28-cell grid), so bilinear shrinking differs from it; average and mod
 it at any chunking. rasterio is already
 in the ``[geo]`` extra (rioxarray's dependency); odc-geo would be one more.
 
+GDAL's block cache: GDAL keeps the blocks it decodes in one cache per process, by
+default 5 % of the RAM (1.2 GB on a 23 GB machine). Training reads each chunk once an
+epoch and xpatch's own chunk cache holds what is read again, so that cache only fills:
+one epoch over a 4 x 10980² scene with its labels peaked at 1.8 GiB with it and 0.7
+GiB with 64 MiB (``benchmarks/bench_grid_memory.py``). :func:`on_grid` and each of its
+warp tasks (in any process the graph runs in) lower it to 64 MiB (:func:`bound_gdal_cache`)
+unless the user chose it: ``GDAL_CACHEMAX`` in the environment or in an active
+``rasterio.Env``. It is lowered only, never raised, and stays (process-wide, as
+:mod:`xpatch.core.malloc`'s settings do).
+
 Resampling per source: ``"nearest"``, ``"bilinear"``, ``"average"`` or ``"mode"``.
 The default is ``"nearest"`` for integer sources (classes must not be blended; a
 boolean mask is refused, to be cast to ``uint8``) and ``"bilinear"`` for float sources
@@ -55,6 +65,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
+import threading
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any, Literal, get_args
 
@@ -76,6 +87,11 @@ RESAMPLINGS: tuple[str, ...] = get_args(Resampling)
 #: the exact transform's (0 itself fails in rasterio 1.4's WarpedVRT).
 EXACT = 1e-9
 
+#: GDAL's block cache for a process that reads through on_grid, unless the user chose one:
+#: enough for the source blocks neighbouring chunks share (a label window's margin), far
+#: below GDAL's default of 5 % of the RAM.
+GDAL_CACHE_BYTES = 64 * 2**20
+
 GRID_HINT = 'pip install "xarray-patch[geo]" (rasterio, rioxarray, geopandas)'
 
 #: A vector source: a GeoDataFrame or a path geopandas reads, alone (burns 1) or with
@@ -90,6 +106,40 @@ def _rasterio() -> Any:
     except ImportError as error:  # pragma: no cover - the [geo] extra is in the tests
         raise MissingDependencyError(f"xpatch.on_grid needs rasterio: {GRID_HINT}") from error
     return rasterio
+
+
+_cache_lock = threading.Lock()
+_cache_bounded_in: set[int] = set()  # process ids: a forked worker checks again
+
+
+def bound_gdal_cache(limit: int = GDAL_CACHE_BYTES) -> bool:
+    """Lower GDAL's block cache to ``limit`` bytes for this process, unless the user chose it.
+
+    The user's choice wins: ``GDAL_CACHEMAX`` in the environment, or in the options of
+    an active ``rasterio.Env``. A cache already at or below ``limit`` is left alone.
+    Applied once per process; returns whether the cache was lowered (now or before).
+
+    Examples
+    --------
+    >>> import os, rasterio
+    >>> with rasterio.Env(GDAL_CACHEMAX=512 * 2**20):  # the user's own choice
+    ...     bound_gdal_cache()
+    False
+    """
+    rasterio = _rasterio()
+    if "GDAL_CACHEMAX" in os.environ or (
+        rasterio.env.hasenv() and "GDAL_CACHEMAX" in rasterio.env.getenv()
+    ):
+        return False
+    with _cache_lock:
+        if os.getpid() in _cache_bounded_in:
+            return True
+        # rasterio reads and sets this option as GDAL's cache size in bytes
+        # (GDALGetCacheMax64 / GDALSetCacheMax64), not as the option's text.
+        if int(rasterio.env.get_gdal_config("GDAL_CACHEMAX")) > limit:
+            rasterio.env.set_gdal_config("GDAL_CACHEMAX", int(limit))
+        _cache_bounded_in.add(os.getpid())
+    return True
 
 
 def _geopandas() -> Any:
@@ -189,6 +239,7 @@ def on_grid(
     methods = _resampling_of(resampling, sources)
     for name, source in sources.items():  # every source checked before any is read
         _check_source(name, source)
+    bound_gdal_cache()  # the image's reads too, which go through GDAL's cache
     out = dict(names)
     for name, source in sources.items():
         if _is_raster(source):
@@ -488,6 +539,7 @@ def _warp_block(
 ) -> np.ndarray:
     """One output chunk: GDAL's warp of its source window, with the exact transformer."""
     rasterio = _rasterio()
+    bound_gdal_cache()  # in a worker process too, where on_grid was not called
     from rasterio.io import MemoryFile
     from rasterio.vrt import WarpedVRT
 
