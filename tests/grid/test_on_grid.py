@@ -368,3 +368,46 @@ def test_the_result_patches_and_min_valid_skips_uncovered_cells(built):
     ds, *_ = built
     p = ds[["image", "ndvi"]].patch(y=64, x=64, min_valid=1.0)
     assert 0 < len(p) < 16
+
+
+def make_mask(chunks: int | None = 50) -> xr.DataArray:
+    """A boolean mask in EPSG:4326 (every third class of the labels)."""
+    return (make_labels(chunks) % 3 == 0).rio.write_crs("EPSG:4326")
+
+
+def test_a_boolean_mask_is_warped_nearest_and_stays_bool():
+    scene, mask = make_scene(), make_mask()
+    with forbid_compute():
+        ds = xpatch.on_grid(scene, mask=mask)
+    assert isinstance(ds.mask.data, da.Array)
+    assert ds.mask.dtype == bool
+    assert "_FillValue" not in ds.mask.attrs
+    got = ds.mask.values
+    as_uint8 = mask.astype(np.uint8).rio.write_crs("EPSG:4326")
+    np.testing.assert_array_equal(got, whole_warp(as_uint8, scene, "nearest", 0).astype(bool))
+    assert not got[:, int(0.85 * N) :].any()  # past the mask's east edge: False
+    assert 0.2 < got.mean() < 0.5
+    numpy = xpatch.on_grid(make_scene(None), mask=make_mask(None))
+    np.testing.assert_array_equal(numpy.mask.values, got)
+    assert numpy.mask.dtype == bool
+
+
+@settings(max_examples=6, deadline=None)
+@given(chunks=chunkings(), seed=st.integers(0, 2**16))
+def test_a_boolean_mask_at_any_chunking_is_the_whole_raster_warp(chunks, seed):
+    scene = make_scene(None).chunk({"band": -1, "y": chunks[0], "x": chunks[1]})
+    labels = make_labels(None)
+    flags = np.random.default_rng(seed).random(labels.shape) < 0.5
+    mask = labels.copy(data=flags).rio.write_crs("EPSG:4326")
+    got = xpatch.on_grid(scene, mask=mask).mask.values
+    as_uint8 = mask.astype(np.uint8).rio.write_crs("EPSG:4326")
+    np.testing.assert_array_equal(got, whole_warp(as_uint8, scene, "nearest", 0).astype(bool))
+
+
+@pytest.mark.parametrize("resampling", ["bilinear", {"mask": "average"}, {"mask": "mode"}])
+def test_a_boolean_mask_with_another_resampling_is_refused_before_any_read(resampling):
+    with forbid_compute(), pytest.raises(OptionError) as caught:
+        xpatch.on_grid(make_scene(), mask=make_mask(), resampling=resampling)
+    message = str(caught.value)
+    assert "for source 'mask', a boolean mask: a mask is warped nearest only" in message
+    assert "mask.astype('float32') with resampling={'mask': 'average'}" in message

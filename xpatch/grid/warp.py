@@ -54,10 +54,12 @@ unless the user chose it: ``GDAL_CACHEMAX`` in the environment or in an active
 :mod:`xpatch.core.malloc`'s settings do).
 
 Resampling per source: ``"nearest"``, ``"bilinear"``, ``"average"`` or ``"mode"``.
-The default is ``"nearest"`` for integer sources (classes must not be blended; a
-boolean mask is refused, to be cast to ``uint8``) and ``"bilinear"`` for float sources
+The default is ``"nearest"`` for integer and boolean sources (classes must not be
+blended) and ``"bilinear"`` for float sources
 (continuous values: reflectance, NDVI, elevation); a float class map needs
-``resampling={"name": "nearest"}``.
+``resampling={"name": "nearest"}``. A boolean mask, which GDAL has no type for, is
+warped as ``uint8`` (0 and 1, nearest only: any other kernel would make fractions or
+votes of it) and given back as bool; cells it does not cover are False.
 """
 
 from __future__ import annotations
@@ -171,8 +173,8 @@ def on_grid(
     resampling
         How raster sources are warped: one name for all, or ``{source: name}``
         (sources left out take the default): ``"nearest"``, ``"bilinear"``,
-        ``"average"`` or ``"mode"``. Default: ``"nearest"`` for integer sources,
-        ``"bilinear"`` for float ones.
+        ``"average"`` or ``"mode"``. Default: ``"nearest"`` for integer and boolean
+        sources (a boolean mask takes nearest only), ``"bilinear"`` for float ones.
     all_touched
         Vector sources: burn every cell a polygon touches, not only those whose
         centre it covers (:func:`rasterio.features.rasterize`'s option).
@@ -183,7 +185,8 @@ def on_grid(
           coordinates), numpy or dask; dims ``(..., y, x)``. Cells it does not cover
           are its nodata value (``_FillValue`` / ``nodata``; NaN for float sources
           without one; the dtype's largest value for unsigned, smallest for signed
-          integer sources without one, as rioxarray chooses); its dtype is kept.
+          integer sources without one, as rioxarray chooses); its dtype is kept. A
+          boolean mask is warped as 0/1 and stays bool, False where it does not reach.
         - a GeoDataFrame, or a path (``str`` / ``os.PathLike``) that
           :func:`geopandas.read_file` reads: polygons in any CRS, burned as 1
           (``uint8``, 0 elsewhere);
@@ -204,7 +207,8 @@ def on_grid(
     GeometryError
         The image or a raster source has no CRS or no transform.
     OptionError
-        An unknown resampling name, a resampling for a source not given, a source
+        An unknown resampling name, a resampling for a source not given, one other
+        than ``"nearest"`` for a boolean source, a source
         that is neither a raster nor a vector layer, or a vector column not in it.
     DimensionError
         A source's name is a variable of the image already.
@@ -239,6 +243,7 @@ def on_grid(
     methods = _resampling_of(resampling, sources)
     for name, source in sources.items():  # every source checked before any is read
         _check_source(name, source)
+    _check_bool_resampling(methods, sources)
     bound_gdal_cache()  # the image's reads too, which go through GDAL's cache
     out = dict(names)
     for name, source in sources.items():
@@ -287,6 +292,18 @@ def _resampling_of(
     return given
 
 
+def _check_bool_resampling(methods: Mapping[str, Resampling], sources: Mapping[str, Any]) -> None:
+    """Refuse a resampling other than nearest for a boolean raster (it is warped as 0/1)."""
+    for name, method in methods.items():
+        source = sources[name]
+        if method != "nearest" and _is_raster(source) and source.dtype == bool:
+            raise OptionError(
+                f"resampling={method!r} for source {name!r}, a boolean mask: a mask is "
+                "warped nearest only. For the fraction of each cell it covers, give "
+                f"{name}.astype('float32') with resampling={{{name!r}: 'average'}}."
+            )
+
+
 def _is_raster(source: Any) -> bool:
     return isinstance(source, xr.DataArray)
 
@@ -308,10 +325,6 @@ def _check_source(name: str, source: Any) -> None:
             raise GeometryError(
                 f"source {name}= has no CRS, so it cannot be warped onto the image's grid: "
                 f'write it with {name}.rio.write_crs("EPSG:...") (the CRS its x/y are in).'
-            )
-        if source.dtype == bool:
-            raise OptionError(
-                f"source {name}= is boolean, which GDAL cannot warp: give {name}.astype('uint8')."
             )
         _transform_or_raise(source, f"source {name}")
         return
@@ -419,11 +432,18 @@ def _warped(
         method = "bilinear" if np.issubdtype(source.dtype, np.floating) else "nearest"
     extra = [d for d in source.dims if d not in dims]
     source = source.transpose(*extra, *dims)
-    nodata = nodata_of(source)
-    if nodata is None and encoded_nodata_of(source) is not None:
-        nodata = np.nan  # masked on reading: NaN marks the nodata cells
-    dst_nodata = _default_nodata(source.dtype) if nodata is None else nodata
+    mask = source.dtype == bool
+    if mask:  # GDAL has no boolean type: 0/1 as uint8, 0 where the mask does not reach
+        nodata, dst_nodata = None, 0
+    else:
+        nodata = nodata_of(source)
+        if nodata is None and encoded_nodata_of(source) is not None:
+            nodata = np.nan  # masked on reading: NaN marks the nodata cells
+        dst_nodata = _default_nodata(source.dtype) if nodata is None else nodata
     data = source.data if isinstance(source.data, da.Array) else da.from_array(source.data)
+    if mask:
+        data = data.astype(np.uint8)
+    dtype = data.dtype
     lead = data.shape[:-2]
     src_shape = data.shape[-2:]
     ratio = _scales(transform, grid, crs)
@@ -447,7 +467,7 @@ def _warped(
             shape = (*lead, r1 - r0, c1 - c0)
             src_window = _source_window(rasterio, grid, window, crs, transform, src_shape, margin)
             if src_window is None:
-                line.append(da.full(shape, dst_nodata, dtype=source.dtype, chunks=shape))
+                line.append(da.full(shape, dst_nodata, dtype=dtype, chunks=shape))
                 continue
             s0, s1, t0, t1 = src_window
             piece = data[..., s0:s1, t0:t1]
@@ -456,8 +476,8 @@ def _warped(
                 piece.map_blocks(
                     _warp_block,
                     chunks=tuple((n,) for n in shape),
-                    dtype=source.dtype,
-                    meta=np.empty((0,) * len(shape), source.dtype),
+                    dtype=dtype,
+                    meta=np.empty((0,) * len(shape), dtype),
                     src_transform=_offset(transform, s0, t0),
                     dst_transform=grid.chunk_transform(r0, c0),
                     dst_shape=shape[-2:],
@@ -466,8 +486,11 @@ def _warped(
             )
         blocks.append(line)
     warped = da.block(blocks) if len(blocks) > 1 or len(blocks[0]) > 1 else blocks[0][0]
-    attrs = {k: v for k, v in source.attrs.items() if k != "grid_mapping"}
-    attrs["_FillValue"] = dst_nodata
+    attrs = {k: v for k, v in source.attrs.items() if k not in ("grid_mapping", "_FillValue")}
+    if mask:
+        warped = warped.astype(bool)  # no _FillValue: False is "not in the mask", as off it
+    else:
+        attrs["_FillValue"] = dst_nodata
     coords = {d: source.coords[d] for d in extra if d in source.coords}
     out = xr.DataArray(warped, dims=(*extra, *grid.dims), coords=coords, attrs=attrs)
     return out.assign_coords(grid.coords)
