@@ -144,3 +144,24 @@ def test_the_union_of_two_grids_in_different_units_is_always_refused(metres, deg
     ).rio.write_crs("EPSG:4326")
     with pytest.raises(GeometryError, match="not one regular grid"):
         check_one_grid(xr.Dataset({"image": scene, "labels": labels}))
+
+
+@pytest.mark.parametrize("spatial", [{"y": 16, "x": 16}, {}])
+def test_a_forecast_over_a_dataset_mixing_crss_is_refused_before_any_work(monkeypatch, spatial):
+    from xpatch.forecast import patcher as forecast_patcher
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("the forecast's origins were planned before the guard ran")
+
+    monkeypatch.setattr(forecast_patcher, "plan_origins", no_work)
+    times = np.arange("2020-01-01", "2020-01-05", dtype="datetime64[D]").astype("datetime64[ns]")
+    image = utm_scene(chunks=None).isel(band=0, drop=True).expand_dims(time=times)
+    labels = degree_labels(None).rename(spatial_ref="crs").expand_dims(time=times)
+    labels.encoding["grid_mapping"] = "crs"
+    mixed = xr.Dataset({"image": image, "labels": labels})
+    forecast = xpatch.Forecast(inputs=["0D"], targets=["1D"])
+    with forbid_compute(), pytest.raises(GeometryError) as caught:
+        mixed.patch(time=forecast, **spatial)
+    message = str(caught.value)
+    assert "different CRSs ('image' in EPSG:32632; 'labels' in EPSG:4326)" in message
+    assert "xpatch.on_grid" in message

@@ -21,6 +21,7 @@ import xarray as xr
 from xpatch.core.errors import DimensionError, OptionError, PredictionError
 from xpatch.core.samplers import Anchors
 from xpatch.forecast.stencil import Forecast, OriginPlan, SkippedOrigins, plan_origins
+from xpatch.grid.guard import check_one_grid
 from xpatch.patcher import Patcher
 from xpatch.xarray.apply import output_names, per_output
 from xpatch.xarray.layout import size_mapping
@@ -96,6 +97,7 @@ class ForecastPatcher:
         stride: int | Mapping[Hashable, int] | None,
         options: Mapping[str, Any],
     ) -> None:
+        check_one_grid(obj)  # a Dataset mixing CRSs or grids: refused before the origins
         if dim not in obj.dims:
             raise DimensionError(
                 f"Forecast given for {dim!r}, which is not a dim of the object "
