@@ -28,7 +28,7 @@ from xpatch.core.chunk_frames import (
     frame_bytes,
 )
 from xpatch.core.extract import check_pad_value
-from xpatch.core.malloc import bound_arenas
+from xpatch.core.malloc import bound_arenas, reuse_freed_blocks
 from xpatch.core.padding import PadMode, axis_modes, fill_padded
 from xpatch.core.plan import ChunkGrid
 from xpatch.core.sweep import chunk_uses
@@ -166,6 +166,7 @@ class PatchReader:
         self.cache = ChunkCache(self.cache_bytes)
         # Before the read threads start: each would otherwise keep a heap of its own.
         bound_arenas()
+        reuse_freed_blocks(self.cache_bytes)
         #: Chunk loads at once, whatever the caller's threads (None: :meth:`reads_at_once`).
         self.max_reads: int | None = None
         self._reads_gate: threading.BoundedSemaphore | None = None
@@ -202,6 +203,7 @@ class PatchReader:
         state = {"_last_position": -2, "_streak": 0, "_in_order": False, **state}
         state = {"max_reads": None, **state, "_reads_gate": None}
         bound_arenas()  # in each worker process, before its read threads start
+        reuse_freed_blocks(state["cache_bytes"])
         state["pad_mode"] = axis_modes(state["pad_mode"], len(state["size"]))
         state["wraps"] = tuple(mode == "wrap" for mode in state["pad_mode"])
         state["_last_uses"] = state.get("_last_uses")
