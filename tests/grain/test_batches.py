@@ -263,3 +263,42 @@ def test_worker_processes_give_the_same_batches_and_resume(tmp_path):
     restored.set_state(state)
     assert head + indices(restored) == single
     restored.close()
+
+
+class InlinePool:
+    """Runs what is submitted at once, on the submitting thread: a deterministic order."""
+
+    def __init__(self, *args) -> None:
+        pass
+
+    def submit(self, function, *args) -> None:
+        function(*args)
+
+
+def test_the_chunks_the_next_batches_use_first_are_read_ahead_in_that_order(monkeypatch):
+    # Without reads ahead a batch decoded its chunks only when asked: with a slow
+    # store, its waits added up batch after batch.
+    monkeypatch.setattr(batches_module, "IdlePool", InlinePool)
+    values = np.random.default_rng(0).normal(size=(512, 512)).astype("f4")
+    da_ = xr.DataArray(values, dims=("y", "x")).chunk(64)
+    src = da_.patch(y=32, x=32, stride=32).to_grain(cache_bytes=24 * 64 * 64 * 4)
+    batches = BatchSource(src, 16, seed=1)
+    read_ahead = []
+    real = src._reader.read_ahead
+    src._reader.read_ahead = lambda chunk, wanted=None: (
+        read_ahead.append(chunk),
+        real(chunk, wanted),
+    )
+    for k in range(len(batches)):
+        batches[k]
+    touched = np.asarray(src.chunk_reads.touched_chunks())
+    first_use = {}
+    for k in range(len(batches)):
+        for chunk in np.unique(touched[batches.positions(k)]).tolist():
+            first_use.setdefault(chunk, k)
+    assert len(read_ahead) >= len(first_use) // 2  # most chunks came before their batch
+    assert all(chunk in first_use for chunk in read_ahead)
+    uses = [first_use[chunk] for chunk in read_ahead]
+    assert uses == sorted(uses)  # in the order the batches use them first
+    assert min(uses) >= 1  # the first batch reads its own: nothing is known before it
+    assert src.cache_stats().loads == src.chunk_count  # and each chunk once

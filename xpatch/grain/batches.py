@@ -19,6 +19,7 @@ import math
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Hashable, Sequence
 from typing import Any, Literal
 
@@ -31,9 +32,11 @@ from xpatch.core.errors import OptionError
 from xpatch.core.shuffle import check_count, check_seed
 from xpatch.core.sweep import key_chunks, sweep_ranks
 from xpatch.grain.base import Source, mark_absl_flags_parsed, require_grain
+from xpatch.grain.readahead import MAX_LATE_PER_AHEAD, PACE_SAMPLES, reads_landing_late
 from xpatch.grain.reader import PatchReader, VariablePlan
 from xpatch.grain.source import PatchSource
-from xpatch.grain.threads import IdlePool
+from xpatch.grain.store_wait import store_wait
+from xpatch.grain.threads import IdlePool, closing
 from xpatch.xarray.georef import patch_transforms
 from xpatch.xarray.layout import layout_of
 
@@ -74,8 +77,10 @@ class BatchSource:
       different shapes (scenes of other variables) cannot be stacked and raise.
 
     The chunks of a batch that the cache does not hold are read side by side (a
-    thread per core); nothing is read ahead of the batches asked for. Under the
-    sweep, each process drops a chunk after the last batch that touches it and
+    thread per core). Under the sweep, the chunks the next batches use first are
+    read ahead, in that order, as far as the cache has room for (more while a slow
+    store's reads land late, as for items: :func:`~xpatch.grain.readahead.reads_landing_late`);
+    each process drops a chunk after the last batch that touches it and
     keeps only its frame after the last batch keyed to it, and holds a batch back
     while it runs more batches ahead of the oldest one in flight than the cache
     has room for (Grain's 16 read threads would otherwise flush a small cache):
@@ -373,9 +378,28 @@ class _Releases:
         self.plan: tuple[np.ndarray, ...] = ()
         self.retired = np.zeros(self.chunk_count, dtype=bool)
         self.next_retire = self.next_shrink = 0
+        # Reads ahead: the chunks the next batches use first, in that order, up to the
+        # room ahead (more while reads land late), on threads of their own; without
+        # them a batch decoded its chunks only when asked, and a slow store's waits
+        # added up one batch after another.
+        self.ahead = ahead
+        self.first_uses: tuple[np.ndarray, np.ndarray] = (np.empty(0, np.int64),) * 2
+        self.first_uses_workers = 0
+        self.next_ahead = 0
+        self.late = 0
+        self.read_seconds: deque[float] = deque(maxlen=PACE_SAMPLES)
+        self.reached: deque[tuple[float, int]] = deque(maxlen=PACE_SAMPLES)
+        self.pool: IdlePool | None = None
 
     def started(self, epoch: int, k: int) -> None:
-        """Batch ``k`` of ``epoch`` is asked for: wait while it runs too far ahead."""
+        """Batch ``k`` of ``epoch`` is asked for: wait while it runs too far ahead, read ahead."""
+        self._wait_turn(epoch, k)
+        if self.ahead and not closing():
+            with self.lock:
+                due = self._due_reads() if epoch == self.epoch else ()
+            self._send(due)
+
+    def _wait_turn(self, epoch: int, k: int) -> None:
         with self.lock:
             index = epoch * len(self.batches) + k
             if self.first is None:
@@ -420,6 +444,66 @@ class _Releases:
         self.next_retire = int(np.searchsorted(self.plan[1], 0))
         self.next_shrink = int(np.searchsorted(self.plan[3], 0))
         self._let_go()  # nothing yet: chunks used before k only are left to the cache
+        self.first_uses_workers = 0  # planned again for this epoch at the first read ahead
+        self.reached.clear()
+
+    def _plan_reads_ahead(self) -> None:
+        # Each chunk's first batch among this process's, the chunks in that order.
+        batches = self.batches
+        order = batches.epoch_order(self.epoch)[: batches.batch_size * len(batches)]
+        which = np.arange(len(order)) // batches.batch_size
+        mine = (self.epoch * len(batches) + which - (self.first or 0)) % self.workers == 0
+        touched = self.touched[order]
+        used = (touched >= 0) & mine[:, None]
+        never = np.iinfo(np.int64).max
+        first = np.full(self.chunk_count, never, dtype=np.int64)
+        np.minimum.at(first, touched[used], np.broadcast_to(which[:, None], touched.shape)[used])
+        by_first = np.argsort(first, kind="stable")
+        first = first[by_first]
+        kept = int(np.searchsorted(first, never))
+        self.first_uses = (by_first[:kept], first[:kept])
+        self.first_uses_workers = self.workers
+        # Chunks first used before the oldest batch in flight are that batch's to read.
+        self.next_ahead = int(np.searchsorted(self.first_uses[1], self.low))
+
+    def _due_reads(self) -> np.ndarray:
+        """Return the chunks to read now: first used from the oldest batch in flight on."""
+        if not self.step:  # one batch seen: whose the next ones are is not known yet
+            return np.empty(0, np.int64)
+        if self.first_uses_workers != self.workers:
+            self._plan_reads_ahead()
+        by_first, first = self.first_uses
+        current = int(np.searchsorted(first, self.low))
+        if not self.reached or current > self.reached[-1][1]:  # the sweep moved on
+            self.reached.append((time.monotonic(), current))
+            if self.ahead > 1:  # room for one is none to spare for a read landing early
+                self.late = reads_landing_late(self.read_seconds, self.reached, self.ahead)
+        stop = min(current + self.ahead + self.late, len(by_first))
+        due = by_first[self.next_ahead : stop]
+        self.next_ahead = max(self.next_ahead, stop)
+        return due
+
+    def _send(self, due: np.ndarray) -> None:
+        if not len(due):
+            return
+        if self.pool is None:
+            with self.lock:
+                if self.pool is None:
+                    size = (1 + MAX_LATE_PER_AHEAD) * self.ahead
+                    self.pool = IdlePool(size, "xpatch-batch-ahead")
+        for chunk in due.tolist():
+            self.pool.submit(self._read, chunk)
+
+    def _read(self, chunk: int) -> None:
+        if closing():  # a pipeline dropped at the interpreter's end: nobody will use it
+            return
+        try:
+            with store_wait() as waited:
+                self.reads.read_ahead(chunk, lambda: not self.retired[chunk])
+        except Exception:  # the batch that needs the chunk reads it again, and raises
+            return
+        with self.lock:
+            self.read_seconds.append(waited.seconds)
 
     def finished(self, epoch: int, k: int) -> None:
         with self.lock:
@@ -436,10 +520,12 @@ class _Releases:
                 return
             self.moved.notify_all()
             retire, shrink = self._let_go()
+            due = self._due_reads() if self.ahead and not closing() else ()
         for chunk in shrink:
             self.reads.release(int(chunk), keep_frame=True)
         for chunk in retire:
             self.reads.release(int(chunk), keep_frame=False)
+        self._send(due)
 
     def _mine(self, k: int) -> bool:
         # Grain's mp_prefetch hands worker w the batches w, w + W, ...: the others are theirs.
@@ -455,6 +541,7 @@ class _Releases:
         shrink = by_whole[self.next_shrink : stop]
         self.next_shrink = max(self.next_shrink, stop)
         shrink = shrink[~self.retired[shrink]]
+        self.retired[shrink] = True  # whole no more: a late read ahead must not reload it
         return retire, shrink
 
 
