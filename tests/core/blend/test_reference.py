@@ -451,7 +451,7 @@ def check_reconstruct(p, da, pred, values, reduce, weights, dtype) -> None:
     assert_matches(got, expected, dtype, scale)
 
 
-@settings(max_examples=300, **SETTINGS)
+@settings(max_examples=200, **SETTINGS)
 @given(layouts(), st.sampled_from(REDUCES), st.data())
 def test_reconstruct_matches_brute_force(case, reduce, data):
     rng = np.random.default_rng(case["seed"])
@@ -506,7 +506,7 @@ def make_model(n_carried: int, n_patched: int, out_dtype, keep: bool):
     return model
 
 
-@settings(max_examples=200, **SETTINGS)
+@settings(max_examples=150, **SETTINGS)
 @given(layouts(), st.sampled_from(REDUCES), st.data())
 def test_apply_matches_brute_force(case, reduce, data):
     rng = np.random.default_rng(case["seed"])
