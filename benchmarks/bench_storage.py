@@ -3,7 +3,8 @@
 Run ``python benchmarks/bench_storage.py`` (about 3 minutes on 2 cores; the first run
 writes two 1 GiB compressed zarrs under ``--data``, reused by later runs) or ``--quick``
 (256 MiB ones, about 1 minute). Every time is a ratio to a floor measured in the
-same run (before and after the epochs: the faster of the two), and every ratio is printed beside its target (nothing is asserted):
+same run (before and after the epochs: the faster of the two), and every ratio is
+printed beside its target (nothing is asserted):
 
 - **floor**: zarr reading and decoding every chunk once, chunk after chunk, in
   this process (no dask, no xpatch).
