@@ -191,10 +191,8 @@ class Epoch:
         return self.cpu_seconds / self.seconds
 
 
-def shuffled_epoch(src, order: str, threads: int = 16) -> Epoch:
-    """One chunk-shuffled epoch through Grain's read threads."""
-    src.clear_cache()
-    dataset = grain.MapDataset.source(src).pipe(src.chunk_shuffle, seed=1, order=order)
+def timed_epoch(src, dataset, threads: int) -> Epoch:
+    """Iterate ``dataset`` (a MapDataset over ``src``) once through Grain's read threads."""
     start, cpu_start = time.perf_counter(), time.process_time()
     for _ in dataset.to_iter_dataset(grain.ReadOptions(num_threads=threads)):
         pass
@@ -202,19 +200,19 @@ def shuffled_epoch(src, order: str, threads: int = 16) -> Epoch:
     cpu_seconds = time.process_time() - cpu_start
     stats = src.cache_stats()
     return Epoch(seconds, cpu_seconds, stats.loads / src.chunk_count, stats)
+
+
+def shuffled_epoch(src, order: str, threads: int = 16) -> Epoch:
+    """One chunk-shuffled epoch through Grain's read threads."""
+    src.clear_cache()
+    dataset = grain.MapDataset.source(src).pipe(src.chunk_shuffle, seed=1, order=order)
+    return timed_epoch(src, dataset, threads)
 
 
 def batches_epoch(src, threads: int = 16) -> Epoch:
     """One epoch of whole batches of 16 (``BatchSource``, the sweep) through Grain's threads."""
     src.clear_cache()
-    dataset = xpatch.grain.BatchSource(src, BATCH, seed=1).dataset()
-    start, cpu_start = time.perf_counter(), time.process_time()
-    for _ in dataset.to_iter_dataset(grain.ReadOptions(num_threads=threads)):
-        pass
-    seconds = time.perf_counter() - start
-    cpu_seconds = time.process_time() - cpu_start
-    stats = src.cache_stats()
-    return Epoch(seconds, cpu_seconds, stats.loads / src.chunk_count, stats)
+    return timed_epoch(src, xpatch.grain.BatchSource(src, BATCH, seed=1).dataset(), threads)
 
 
 def print_sweep_epochs(src, baseline: float, budget: int, target: str = "") -> None:

@@ -32,10 +32,14 @@ from xpatch.core.errors import OptionError
 from xpatch.core.shuffle import check_count, check_seed
 from xpatch.core.sweep import key_chunks, sweep_ranks
 from xpatch.grain.base import Source, mark_absl_flags_parsed, require_grain
-from xpatch.grain.readahead import MAX_LATE_PER_AHEAD, PACE_SAMPLES, reads_landing_late
+from xpatch.grain.readahead import (
+    MAX_LATE_PER_AHEAD,
+    PACE_SAMPLES,
+    read_ahead_timed,
+    reads_landing_late,
+)
 from xpatch.grain.reader import PatchReader, VariablePlan
 from xpatch.grain.source import PatchSource
-from xpatch.grain.store_wait import store_wait
 from xpatch.grain.threads import IdlePool, closing
 from xpatch.xarray.georef import patch_transforms
 from xpatch.xarray.layout import layout_of
@@ -495,15 +499,10 @@ class _Releases:
             self.pool.submit(self._read, chunk)
 
     def _read(self, chunk: int) -> None:
-        if closing():  # a pipeline dropped at the interpreter's end: nobody will use it
-            return
-        try:
-            with store_wait() as waited:
-                self.reads.read_ahead(chunk, lambda: not self.retired[chunk])
-        except Exception:  # the batch that needs the chunk reads it again, and raises
-            return
-        with self.lock:
-            self.read_seconds.append(waited.seconds)
+        waited = read_ahead_timed(self.reads, chunk, self.retired)
+        if waited is not None:
+            with self.lock:
+                self.read_seconds.append(waited)
 
     def finished(self, epoch: int, k: int) -> None:
         with self.lock:

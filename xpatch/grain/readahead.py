@@ -131,6 +131,23 @@ def reads_landing_late(
     return int(min(MAX_LATE_PER_AHEAD * ahead, late))
 
 
+def read_ahead_timed(chunk_reads: ChunkReads, chunk: int, retired: np.ndarray) -> float | None:
+    """Read ``chunk`` ahead unless ``retired[chunk]`` when its load starts; return its store wait.
+
+    None when nothing was read: the interpreter is exiting (a dropped pipeline's
+    queued reads), or the read failed (the patch or batch that needs the chunk reads
+    it again, and raises).
+    """
+    if closing():
+        return None
+    try:
+        with store_wait() as waited:
+            chunk_reads.read_ahead(chunk, lambda: not retired[chunk])
+    except Exception:
+        return None
+    return waited.seconds
+
+
 def _in_order_of(positions: np.ndarray, used: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     # The chunks that are used, sorted by their position, and those positions.
     chunks = np.flatnonzero(used)
@@ -425,12 +442,7 @@ class SweepReads:
         # Queued behind the patches that needed it sooner, it may have been read and
         # dropped by them meanwhile: asked again as the load would start, under the
         # cache's lock (a check here alone left a window for a second load).
-        if closing():  # a pipeline dropped at the interpreter's end: nobody will use it
-            return
-        try:
-            with store_wait() as waited:
-                self._chunk_reads.read_ahead(chunk, lambda: not self._retired[chunk])
-        except Exception:  # the patch that needs the chunk reads it again, and raises
-            return
-        with self._lock:
-            self._read_seconds.append(waited.seconds)
+        waited = read_ahead_timed(self._chunk_reads, chunk, self._retired)
+        if waited is not None:
+            with self._lock:
+                self._read_seconds.append(waited)
