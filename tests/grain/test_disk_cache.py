@@ -76,6 +76,14 @@ def assert_items_equal(items: list[dict], values: np.ndarray) -> None:
         np.testing.assert_array_equal(item["data"], values[t : t + 1, y : y + 16, x : x + 16])
 
 
+def epoch_over_the_cache(path: Path, cache: Path, values: np.ndarray, store_reads: list):
+    """A fresh source over ``cache``: one epoch, its items checked; its disk cache's stats."""
+    store_reads.clear()
+    src = opened(path).patch(**SIZE).to_grain(cache_dir=cache)
+    assert_items_equal(epoch(src), values)
+    return src.disk_cache_stats()["data"]
+
+
 def cache_files(root: Path) -> list[Path]:
     return sorted(root.rglob(f"*{SUFFIX}"))
 
@@ -144,10 +152,7 @@ def test_a_damaged_file_is_read_again_from_the_store_never_served(tmp_path, stor
         handle.seek(HEADER_BYTES + 100)
         handle.write(bytes([byte[0] ^ 0xFF]))
     emptied.write_bytes(b"")
-    store_reads.clear()
-    src = opened(tmp_path / "a.zarr").patch(**SIZE).to_grain(cache_dir=cache)
-    assert_items_equal(epoch(src), values)
-    stats = src.disk_cache_stats()["data"]
+    stats = epoch_over_the_cache(tmp_path / "a.zarr", cache, values, store_reads)
     assert (stats.rejected, stats.hits, stats.writes) == (3, 13, 3)
     assert len(set(store_reads)) == 3
     # Written whole again: the next source reads them from disk.
@@ -164,10 +169,7 @@ def test_a_whole_file_under_another_chunks_name_is_never_served(tmp_path, store_
     epoch(opened(tmp_path / "a.zarr").patch(**SIZE).to_grain(cache_dir=cache))
     first, second = cache_files(cache)[:2]
     os.replace(first, second)
-    store_reads.clear()
-    src = opened(tmp_path / "a.zarr").patch(**SIZE).to_grain(cache_dir=cache)
-    assert_items_equal(epoch(src), values)
-    stats = src.disk_cache_stats()["data"]
+    stats = epoch_over_the_cache(tmp_path / "a.zarr", cache, values, store_reads)
     assert (stats.rejected, stats.misses, stats.writes) == (1, 2, 2)
     assert len(set(store_reads)) == 2
 
