@@ -594,6 +594,22 @@ def _grain_epoch(layout: Layout, shuffle: bool) -> None:
         )
 
 
+def use_grain_batches(layout):
+    """Whole batches of the chunk-shuffled epoch (``BatchSource``), each row its patch."""
+    from xpatch.grain import BatchSource
+
+    _img, p, ref, anchors = _rec(layout)
+    batches = BatchSource(p.to_grain(), 4, seed=0)
+    seen = []
+    for batch in batches.dataset():
+        for row, i in enumerate(batch["index"].tolist()):
+            seen.append(i)
+            check(f"batch row of item {i}'s anchor", batch["anchor"][row], anchors[i], exact=True)
+            check(f"batch row of item {i}'s data", batch["data"][row], ref.patch(anchors[i]))
+    if sorted(seen) != list(range(len(anchors))):
+        raise Mismatch(f"an epoch of batches served {len(seen)} items for {len(anchors)} patches")
+
+
 def use_grain(layout):
     _grain_epoch(layout, shuffle=False)
 
@@ -797,6 +813,7 @@ USES = {
     "zarr 2x": use_write_zarr_x2,
     "grain": use_grain,
     "grain shuffle": use_grain_shuffle,
+    "grain batches": use_grain_batches,
     "forecast": use_forecast_samples,
     "forecast apply": use_forecast_apply,
     "scenes": use_scenes,

@@ -20,11 +20,12 @@ from xpatch.grain.threads import IDLE_SECONDS, IdlePool
 grain = pytest.importorskip("grain")
 
 #: Three pipelines left after three batches: with and without ``.repeat()``, with
-#: two read threads and Grain's default options. Before the fix the script never ended
-#: (each read waited 5 s for a position whose read had failed to start at exit).
+#: two read threads and Grain's default options; and two of whole batches. Before the
+#: fix the script never ended (each read waited 5 s for a position whose read had
+#: failed to start at exit).
 STOPPED_EARLY = textwrap.dedent(
     """
-    import numpy as np, xarray as xr, grain, xpatch
+    import numpy as np, xarray as xr, grain, xpatch, xpatch.grain
     scene = xr.DataArray(
         np.random.default_rng(0).random((2, 512, 512), dtype="float32"),
         dims=("band", "y", "x"),
@@ -39,6 +40,13 @@ STOPPED_EARLY = textwrap.dedent(
         ds = grain.MapDataset.source(src).pipe(src.chunk_shuffle, seed=42)
         ds = ds.repeat() if repeat else ds
         it = iter(ds.batch(8).to_iter_dataset(options))
+        for _ in range(3):
+            next(it)
+        kept.append(it)
+    # Whole batches, reading ahead on threads of their own: the same.
+    batches = xpatch.grain.BatchSource(src, 8, seed=42)
+    for ds in (batches.dataset().repeat(), batches.dataset()):
+        it = iter(ds.to_iter_dataset())
         for _ in range(3):
             next(it)
         kept.append(it)
