@@ -1,9 +1,10 @@
 """The composition matrix: every layout of xpatch against every use, classified.
 
-A *layout* is a boundary mode x a sampler x a halo x a window x numpy or dask input
-(with unequal chunks); a *use* is something a user does with the patcher (``p[i]``,
-a reconstruction, ``apply``, a write, a Grain epoch, forecast samples, scenes, a
-DataTree). Each cell runs the use on the layout and compares the result with
+A *layout* is a boundary mode x a sampler x a halo x a window x an input: numpy,
+dask (with unequal chunks) or a zarr opened without dask chunks (read by its own);
+a *use* is something a user does with the patcher (``p[i]``, a reconstruction,
+``apply``, a write, a Grain epoch, forecast samples, scenes, a DataTree). Each
+cell runs the use on the layout and compares the result with
 :mod:`tests.composition.reference` (plain numpy, no xpatch). A cell is:
 
 - ``exact``: equal to the reference to float tolerance;
@@ -47,7 +48,9 @@ BOUNDARIES = ("shift", "pad", "drop", "periodic")
 SAMPLERS = ("grid", "jittered", "random", "labels", "weighted")
 HALOS = (0, 2)
 WINDOWS = ("boxcar", "hann")
-BACKENDS = ("numpy", "dask")
+BACKENDS = ("numpy", "dask", "zarr")
+#: The zarr input's stored chunks (equal, the last cut), per dim.
+ZARR_CHUNKS = {"time": 2, "y": 7, "x": 9}
 
 
 @dataclass(frozen=True)
@@ -102,11 +105,30 @@ class Layout:
         raise ValueError(self.sampler)
 
     def lazy(self, obj, chunks=None):
-        """``obj`` as the backend says: numpy, or dask with unequal chunks."""
+        """``obj`` as the backend says: numpy, dask with unequal chunks, or a zarr."""
         if self.backend == "numpy":
             return obj
+        if self.backend == "zarr":
+            return stored_in_zarr(obj)
         ny, nx = obj.sizes["y"], obj.sizes["x"]
         return obj.chunk(chunks or {"y": fit_chunks(Y_CHUNKS, ny), "x": fit_chunks(X_CHUNKS, nx)})
+
+
+def stored_in_zarr(obj):
+    """``obj`` written to a zarr in memory (chunks :data:`ZARR_CHUNKS`), opened without dask."""
+    from zarr.storage import MemoryStore
+
+    data = obj.to_dataset(name=obj.name or "v") if isinstance(obj, xr.DataArray) else obj
+    encoding = {
+        name: {"chunks": tuple(ZARR_CHUNKS.get(d, n) for d, n in var.sizes.items())}
+        for name, var in data.data_vars.items()
+    }
+    store = MemoryStore()
+    data.to_zarr(store, encoding=encoding, consolidated=False)
+    opened = xr.open_zarr(store, consolidated=False, chunks=None)
+    if isinstance(obj, xr.DataArray):
+        return opened[obj.name or "v"].rename(obj.name)
+    return opened
 
 
 def fit_chunks(chunks: tuple[int, ...], n: int) -> tuple[int, ...]:
@@ -627,9 +649,7 @@ def _cube():
 
 def _forecast(layout: Layout):
     cube = _cube()
-    lazy = (
-        cube if layout.backend == "numpy" else cube.chunk({"time": 2, "y": Y_CHUNKS, "x": X_CHUNKS})
-    )
+    lazy = layout.lazy(cube, {"time": 2, "y": Y_CHUNKS, "x": X_CHUNKS})
     fc = lazy.patch(time=xpatch.Forecast(inputs=[-1, 0], targets=[1]), **layout.options(cube))
     ref = layout.reference(cube.values)
     return cube, fc, ref, anchors_of(fc.patcher)
@@ -881,8 +901,8 @@ def sampled_cells(seed: int = 0, per_use: int = 8) -> list[Cell]:
     For every use, each layout dimension's values are dealt in a seeded random
     order, repeated to ``per_use`` layouts: with ``per_use >= 5`` every use meets
     every value of every dimension (each boundary twice, each sampler at least
-    once, each halo, window and input four times at the default 8), and the
-    dimensions are paired differently from one use to the next.
+    once, each halo and window four times, each input two or three times at the
+    default 8), and the dimensions are paired differently from one use to the next.
     """
     rng = random.Random(seed)
     cells = []

@@ -17,7 +17,8 @@ from zarr.testing.store import LatencyStore
 
 import xpatch  # noqa: F401
 from xpatch.core.chunk_cache import stored_array
-from xpatch.grain.zarr_chunks import ZarrChunks, zarr_array_under
+from xpatch.grain.zarr_chunks import ZarrChunks
+from xpatch.xarray.variables import zarr_array_under
 
 
 def make_array(store, values: np.ndarray, chunks, **codecs) -> zarr.Array:

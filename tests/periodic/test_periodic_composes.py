@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import itertools
 
+import hypothesis.strategies as st
 import numpy as np
 import pytest
 import xarray as xr
+from hypothesis import given, settings
 
 import xpatch
 
@@ -246,3 +248,66 @@ def test_shuffled_predictions_and_their_weights_move_together():
     order = np.random.default_rng(5).permutation(len(p))
     shuffled = p.reconstruct(pred.isel(patch=order), weights=weights[order])
     np.testing.assert_allclose(shuffled.values, expected.values, rtol=1e-12)
+
+
+@pytest.mark.parametrize("batched", [False, True])
+@pytest.mark.parametrize("sampler", ["grid", "jittered", "anchors", "weighted"])
+@pytest.mark.parametrize("seed", range(4))  # the sweep runs either way along each axis
+def test_an_epoch_reads_each_chunk_once_though_windows_wrap_to_the_first(batched, sampler, seed):
+    # The windows past the far end read the first chunk's low cells: its frame keeps
+    # them (it kept only the side facing its next neighbour, and 10 loads for 9 chunks).
+    pytest.importorskip("grain")
+    p = layout(True, sampler)
+    src = p.to_grain(cache_bytes=IMAGE.nbytes * 4)
+    expected = [cells(a) for a in p.anchors().values]
+    if batched:
+        batches = xpatch.grain.BatchSource(src, 3, seed=seed)
+        served = [batches[k] for k in range(len(batches))]
+        items = [
+            {"index": i, "data": data}
+            for batch in served
+            for i, data in zip(batch["index"], batch["data"])
+        ]
+    else:
+        items = [src[int(i)] for i in src.chunk_shuffled_order(seed=seed, epoch=0)]
+    assert sorted(int(item["index"]) for item in items) == list(range(len(src)))
+    for item in items:
+        np.testing.assert_array_equal(item["data"], IMAGE[np.ix_(*expected[int(item["index"])])])
+    touched = src.touched_chunks()
+    assert src.cache_stats().loads == len(np.unique(touched[touched >= 0]))
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    extent=st.tuples(st.integers(4, 14), st.integers(4, 14)),
+    chunk=st.tuples(st.integers(1, 6), st.integers(1, 6)),
+    size=st.integers(1, 5),
+    stride=st.integers(1, 5),
+    seed=st.integers(0, 3),
+    batched=st.booleans(),
+)
+def test_any_periodic_grid_reads_each_chunk_once_per_epoch(
+    extent, chunk, size, stride, seed, batched
+):
+    pytest.importorskip("grain")
+    ny, nx = extent
+    size = min(size, ny, nx)
+    values = np.arange(ny * nx, dtype="float32").reshape(ny, nx)
+    lazy = xr.DataArray(values, dims=("y", "x")).chunk({"y": chunk[0], "x": chunk[1]})
+    p = lazy.patch(y=size, x=size, stride=min(stride, size), boundary={"x": "periodic"})
+    src = p.to_grain(cache_bytes=values.nbytes * 4)
+    if batched:
+        batches = xpatch.grain.BatchSource(src, 3, seed=seed)
+        served = [batches[k] for k in range(len(batches))]
+        index = np.concatenate([batch["index"] for batch in served])
+        data = np.concatenate([batch["data"] for batch in served])
+    else:
+        order = src.chunk_shuffled_order(seed=seed, epoch=0)
+        index, data = order, np.stack([src[int(i)]["data"] for i in order])
+    assert sorted(index.tolist()) == list(range(len(src)))
+    for i, patch in zip(index.tolist(), data):
+        ay, ax = (int(a) for a in p.anchors().values[i])
+        rows, cols = ay + np.arange(size), (ax + np.arange(size)) % nx
+        np.testing.assert_array_equal(patch, values[np.ix_(rows, cols)])
+    touched = src.touched_chunks()
+    assert src.cache_stats().loads == len(np.unique(touched[touched >= 0]))

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from xpatch.core.padding import PadMode, read_bounds
 from xpatch.core.plan import ChunkGrid
 
 #: A frame is kept only if it is smaller than this share of its chunk. Under a sweep a
@@ -57,16 +58,41 @@ class FrameLayout:
     high: tuple[tuple[int, ...], ...]
 
     @classmethod
-    def measure(cls, grid: ChunkGrid, anchors: np.ndarray, size: Sequence[int]) -> FrameLayout:
-        """Measure the depths from the anchors of a plan on ``grid``."""
+    def measure(
+        cls,
+        grid: ChunkGrid,
+        anchors: np.ndarray,
+        size: Sequence[int],
+        pad_modes: Sequence[PadMode] | None = None,
+    ) -> FrameLayout:
+        """Measure the depths from the anchors of a plan on ``grid``.
+
+        Along an axis padded by mirroring (``pad_modes``), a window's cells are those
+        it reads (:func:`~xpatch.core.padding.read_bounds`).
+        """
         low, high = [], []
-        firsts, lasts = grid.spans(anchors, size)
+        bounds = []
+        for j, starts in enumerate(grid.starts):
+            a = np.asarray(anchors[:, j], dtype=np.int64) if len(anchors) else np.zeros(0, int)
+            mode = pad_modes[j] if pad_modes is not None else "constant"
+            bounds.append(read_bounds(a, int(size[j]), int(starts[-1]), mode))
+        begin = np.stack([b[0] for b in bounds], axis=1)
+        firsts, lasts = grid.spans(begin, np.stack([b[1] - b[0] for b in bounds], axis=1))
         for j, (starts, first, last) in enumerate(zip(grid.starts, firsts, lasts)):
             s = np.asarray(starts, dtype=np.int64)
             lo = np.zeros(len(s) - 1, dtype=np.int64)
             hi = np.zeros(len(s) - 1, dtype=np.int64)
-            a = np.asarray(anchors[:, j], dtype=np.int64) if len(anchors) else np.zeros(0, int)
-            stop = np.minimum(a + int(size[j]), s[-1])
+            a, stop = bounds[j]
+            stop = np.minimum(stop, s[-1])
+            # A window starting before the array reads the first block's low cells, one
+            # running past it the last block's high cells: along a periodic dim, the
+            # rest of the window is the far end's, and the window another block's.
+            reach = stop[a < 0] - s[0]
+            if len(lo) and len(reach):
+                lo[0] = max(lo[0], int(min(reach.max(), s[1] - s[0])))
+            reach = s[-1] - a[bounds[j][1] > s[-1]]
+            if len(hi) and len(reach):
+                hi[-1] = max(hi[-1], int(min(reach.max(), s[-1] - s[-2])))
             a = np.maximum(a, 0)  # a halo's window starts before the array: its cells are not
             cross = last > first
             # The block after the first and the first: the two a patch straddles.
@@ -125,14 +151,14 @@ class FrameLayout:
         return total
 
     def slabs(
-        self, grid: ChunkGrid, block: Sequence[int], toward: Sequence[bool] | None = None
+        self, grid: ChunkGrid, block: Sequence[int], toward: Sequence[bool | None] | None = None
     ) -> list[tuple[slice, ...]]:
         """Return the slab regions of ``block``'s frame (slices along the patched axes).
 
         Empty when the frame would not be much smaller than the chunk. ``toward``
         keeps, per axis, only the slab at the low edge (True) or at the high edge
-        (False): a sweep visits the neighbour on that side later; then any frame
-        smaller than the chunk is kept.
+        (False): a sweep visits the neighbour on that side later; both where it is
+        None. Then any frame smaller than the chunk is kept.
 
         Examples
         --------
@@ -147,7 +173,7 @@ class FrameLayout:
         chunk_cells = int(np.prod(extent))
         for j, b in enumerate(block):
             for depth, at_low in ((self.low[j][b], True), (self.high[j][b], False)):
-                if toward is not None and at_low != toward[j]:
+                if toward is not None and toward[j] is not None and at_low != toward[j]:
                     continue
                 depth = min(depth, extent[j])
                 if depth == 0:

@@ -108,6 +108,35 @@ def source_indices(start: int, stop: int, n: int, mode: PadMode) -> np.ndarray:
     return np.where((i >= 0) & (i < n), i, -1)
 
 
+def read_bounds(
+    starts: np.ndarray, size: int, n: int, mode: PadMode
+) -> tuple[np.ndarray, np.ndarray]:
+    """Return ``[low, high)`` of the input cells windows ``[start, start + size)`` read.
+
+    Along an axis of ``n`` cells padded by ``mode``. Mirrored modes
+    (``"reflect"``, ``"symmetric"``, ``"edge"``) read cells near the edge for the
+    cells past it, which may lie outside the window; other modes give the windows
+    as they are (``"wrap"`` reads the far end: see
+    :meth:`~xpatch.core.plan.ChunkGrid.touched_ids`).
+
+    Examples
+    --------
+    >>> low, high = read_bounds(np.array([0, 6, 8]), 4, 10, "reflect")
+    >>> low.tolist(), high.tolist()
+    ([0, 6, 7], [4, 10, 10])
+    """
+    starts = np.asarray(starts, dtype=np.int64)
+    low, high = starts.copy(), starts + size
+    if mode not in ("reflect", "symmetric", "edge"):
+        return low, high
+    outside = (starts < 0) | (starts + size > n)
+    for start in np.unique(starts[outside]).tolist():
+        cells = source_indices(start, start + size, n, mode)
+        at = starts == start
+        low[at], high[at] = cells.min(), cells.max() + 1
+    return low, high
+
+
 def index_runs(indices: np.ndarray) -> list[tuple[int, int]]:
     """Return the distinct input cells of ``indices`` as sorted ``[start, stop)`` runs.
 

@@ -31,6 +31,8 @@ import numpy as np
 from dask.array.core import normalize_chunks
 from dask.base import tokenize
 
+from xpatch.core.padding import PadMode, read_bounds
+
 #: Upper bound of the bytes of the patches of one group (one task). Dask's own
 #: default chunk is 128 MiB; the patches of one chunk are larger than the chunk
 #: wherever patches overlap, so this is larger still.
@@ -202,6 +204,8 @@ class ChunkGrid:
     ) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """Per axis, the first and the last block each patch overlaps (vectorised ``touched``).
 
+        ``size`` is one per axis, or ``(n, axes)``: one per patch and axis.
+
         Examples
         --------
         >>> first, last = ChunkGrid.from_chunks([(4, 4)]).spans(np.array([[0], [2]]), [4])
@@ -209,22 +213,30 @@ class ChunkGrid:
         ([0, 0], [0, 1])
         """
         firsts, lasts = [], []
+        sizes = np.broadcast_to(np.asarray(size, dtype=np.int64), np.shape(anchors))
         for j, s in enumerate(self.starts):
             a = np.asarray(anchors[:, j], dtype=np.int64) if len(anchors) else np.zeros(0, int)
-            stop = np.minimum(a + int(size[j]), s[-1])
+            stop = np.minimum(a + sizes[:, j], s[-1])
             blocks = len(s) - 2
             firsts.append(np.clip(np.searchsorted(s, a, side="right") - 1, 0, blocks))
             lasts.append(np.clip(np.searchsorted(s, stop, side="left") - 1, 0, blocks))
         return firsts, lasts
 
     def touched_ids(
-        self, anchors: np.ndarray, size: Sequence[int], wraps: Sequence[bool] | None = None
+        self,
+        anchors: np.ndarray,
+        size: Sequence[int],
+        wraps: Sequence[bool] | None = None,
+        pad_modes: Sequence[PadMode] | None = None,
     ) -> np.ndarray:
-        """``(n, m)`` flat (C-order) indices of the chunks each patch overlaps, -1 padded.
+        """``(n, m)`` flat (C-order) indices of the chunks each patch reads, -1 padded.
 
         Along an axis that ``wraps`` (a periodic dim, or ``pad_mode="wrap"``) the
         cells a window has before the start or past the end are the other end's,
-        and so are their chunks. A chunk is listed once per patch.
+        and so are their chunks. Along an axis padded by mirroring (``pad_modes``:
+        ``"reflect"``, ``"symmetric"``, ``"edge"``) they are cells near the edge,
+        whose chunk the window may not overlap (:func:`~xpatch.core.padding.read_bounds`).
+        A chunk is listed once per patch.
 
         Examples
         --------
@@ -233,6 +245,9 @@ class ChunkGrid:
         [[0, -1], [0, 1], [1, 2]]
         >>> grid.touched_ids(np.array([[10], [-2]]), [4], wraps=[True]).tolist()
         [[2, 0], [2, 0]]
+        >>> last = np.array([[11]])  # its cells past the end mirror 6 to 10
+        >>> grid.touched_ids(last, [6]).tolist(), grid.touched_ids(last, [6], None, ["reflect"])
+        ([[2]], array([[1, 2]]))
         """
         n = len(anchors)
         firsts, lasts, numblocks = [], [], []
@@ -241,7 +256,9 @@ class ChunkGrid:
             a = np.asarray(anchors[:, j], dtype=np.int64) if n else np.zeros(0, np.int64)
             extent = starts[-1]
             if not wrapped:
-                first, last = ChunkGrid((starts,)).spans(a[:, None], [size[j]])
+                mode = pad_modes[j] if pad_modes is not None else "constant"
+                low, high = read_bounds(a, int(size[j]), extent, mode)
+                first, last = ChunkGrid((starts,)).spans(low[:, None], (high - low)[:, None])
                 firsts.append(first[0])
                 lasts.append(last[0])
                 numblocks.append(len(starts) - 1)

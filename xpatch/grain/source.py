@@ -196,7 +196,7 @@ class PatchSource(Source):
         read_anchors = layout.plan.anchors
         # The plan's chunks (the input's, which order the patches) are the ones
         # cached, so that a pass in patch order reads chunk after chunk.
-        lazy = any(plan.lazy for plan in plans)
+        grid = layout.plan.grid if any(plan.lazy for plan in plans) else None
         mark_absl_flags_parsed()
         self._patcher = patcher
         self._layout = layout
@@ -213,7 +213,7 @@ class PatchSource(Source):
         self._with_weights = bool(weights)
         self._reader = PatchReader(
             plans,
-            layout.plan.grid if lazy else None,
+            grid,
             read_anchors,
             size,
             inner.geometry.shape,
@@ -365,7 +365,8 @@ class PatchSource(Source):
         grid = self._reader.grid
         if grid is None:
             return np.zeros((len(self), 1), dtype=np.int64)
-        return grid.touched_ids(self._read_anchors, self._reader.size, self._reader.wraps)
+        reader = self._reader
+        return grid.touched_ids(self._read_anchors, reader.size, reader.wraps, reader.pad_mode)
 
     def shuffle_groups(self) -> np.ndarray:
         """Return the groups :meth:`chunk_shuffle` visits: a chunk per patch, or all it touches.
@@ -451,7 +452,7 @@ class PatchSource(Source):
             key=lambda entry: str(entry[0]),
         )
         # Files opened without dask chunks (not in memory): zarr names its path on the Dataset.
-        unread = [v for v in self._plans if not (v.lazy or getattr(v.var, "_in_memory", 1))]
+        unread = [v for v in self._plans if not (v.dask or getattr(v.var, "_in_memory", 1))]
         # The pad mode only when not the default: older fingerprints stay valid.
         padding = () if self._pad_mode == "constant" else (self._pad_mode,)
         # Whether straddling patches come with their last chunk changes the

@@ -37,11 +37,6 @@ from xpatch.grain.object_store import object_store_of
 from xpatch.grain.store_wait import note_store_wait, store_wait
 from xpatch.grain.threads import IdlePool
 
-#: Wrappers xarray puts around a zarr array it opened with dask chunks and did not
-#: decode (no scale, offset or fill value to mask): reading under them changes nothing.
-_PLAIN_WRAPPERS = ("ImplicitToExplicitIndexingAdapter", "CopyOnWriteArray", "LazilyIndexedArray")
-
-
 #: Threads that wait for an object store's bytes, the variables of a chunk side by side.
 FETCH_THREADS = 16
 
@@ -91,40 +86,6 @@ def side_by_side(reads: Sequence[Callable[[], T]], kind: Literal["decode", "fetc
     results = [future.result() for future in [pool.submit(timed, read) for read in reads]]
     note_store_wait(max((seconds for _, seconds in results), default=0.0))
     return [value for value, _ in results]
-
-
-def zarr_array_under(stored: object) -> object | None:
-    """Return the zarr array that xarray's lazy ``stored`` reads unchanged, or None.
-
-    None when anything between them changes the values or the indexing: CF decoding
-    (a scale, an offset, a fill value to mask), a lazy selection, another backend.
-
-    Examples
-    --------
-    >>> import numpy as np, xarray as xr
-    >>> from zarr.storage import MemoryStore
-    >>> from xpatch.core.chunk_cache import stored_array
-    >>> store = MemoryStore()
-    >>> _ = xr.Dataset({"v": ("x", np.arange(8.0))}).to_zarr(store, consolidated=False)
-    >>> lazy = xr.open_zarr(store, consolidated=False)["v"].data
-    >>> type(zarr_array_under(stored_array(lazy))).__name__
-    'Array'
-    """
-    node = stored
-    for name in _PLAIN_WRAPPERS:
-        if type(node).__name__ != name:
-            return None
-        if name == "LazilyIndexedArray":
-            key = getattr(node.key, "tuple", None)
-            if key is None or any(k != slice(None) for k in key):
-                return None
-        node = getattr(node, "array", None)
-    if type(node).__name__ != "ZarrArrayWrapper" or not hasattr(node, "get_array"):
-        return None
-    array = node.get_array()
-    if getattr(array, "dtype", None) != node.dtype or array.shape != node.shape:
-        return None  # xarray casts it (strings, for one)
-    return array
 
 
 def chunk_coords(
@@ -287,6 +248,11 @@ class ZarrChunks:
             if failed is not None:  # it names the chunk; zarr's error is its context
                 raise failed from failed.__cause__
             raise ChunkReadError(f"{where_in(self.array, index)}: {error_text(error)}") from error
+
+    @property
+    def chunk_shape(self) -> tuple[int, ...]:
+        """The shape of the array's stored chunks (the last along an axis may be cut)."""
+        return self._chunk_shape
 
     @property
     def location(self) -> str:

@@ -26,6 +26,13 @@ from xpatch.core.plan import ChunkGrid, auto_grid
 from xpatch.core.validity import window_sums
 from xpatch.xarray.encoding import valid_cells
 
+#: Wrappers xarray puts around a zarr array it opened and did not decode (no scale,
+#: offset or fill value to mask): reading under them changes nothing. The outermost
+#: is dask's adapter when opened with dask chunks, else the in-memory cache (until it
+#: holds the values), or none (``cache=False``).
+_OUTER_WRAPPERS = ("ImplicitToExplicitIndexingAdapter", "MemoryCachedArray")
+_PLAIN_WRAPPERS = ("CopyOnWriteArray", "LazilyIndexedArray")
+
 #: A validity pass taking longer than this many seconds shows dask's progress bar.
 PROGRESS_AFTER_SECONDS = 5.0
 
@@ -71,6 +78,48 @@ def patched_columns(var: xr.Variable, dims: Sequence[Hashable]) -> tuple[list[in
     return columns, [var.dims.index(dims[j]) for j in columns]
 
 
+def zarr_array_under(stored: object) -> object | None:
+    """Return the zarr array that xarray's lazy ``stored`` reads unchanged, or None.
+
+    ``stored`` is what a dask array's chunks are sliced from
+    (:func:`~xpatch.core.chunk_cache.stored_array`), or the ``_data`` of a variable
+    opened without dask chunks. None when anything between them changes the values
+    or the indexing: CF decoding (a scale, an offset, a fill value to mask), a lazy
+    selection, another backend, values already held in memory.
+
+    Examples
+    --------
+    >>> import numpy as np, xarray as xr
+    >>> from zarr.storage import MemoryStore
+    >>> from xpatch.core.chunk_cache import stored_array
+    >>> store = MemoryStore()
+    >>> _ = xr.Dataset({"v": ("x", np.arange(8.0))}).to_zarr(store, consolidated=False)
+    >>> lazy = xr.open_zarr(store, consolidated=False)["v"].data
+    >>> type(zarr_array_under(stored_array(lazy))).__name__
+    'Array'
+    >>> unchunked = xr.open_zarr(store, consolidated=False, chunks=None)["v"].variable
+    >>> type(zarr_array_under(unchunked._data)).__name__
+    'Array'
+    """
+    node = stored
+    if type(node).__name__ in _OUTER_WRAPPERS:
+        node = getattr(node, "array", None)
+    for name in _PLAIN_WRAPPERS:
+        if type(node).__name__ != name:
+            return None
+        if name == "LazilyIndexedArray":
+            key = getattr(node.key, "tuple", None)
+            if key is None or any(k != slice(None) for k in key):
+                return None
+        node = getattr(node, "array", None)
+    if type(node).__name__ != "ZarrArrayWrapper" or not hasattr(node, "get_array"):
+        return None
+    array = node.get_array()
+    if getattr(array, "dtype", None) != node.dtype or array.shape != node.shape:
+        return None  # xarray casts it (strings, for one)
+    return array
+
+
 def data_token(var: xr.Variable) -> str:
     """Return a deterministic token of a variable's values, never reading a lazy file whole.
 
@@ -85,18 +134,35 @@ def data_token(var: xr.Variable) -> str:
         return var.data.name
     if getattr(var, "_in_memory", True):
         return tokenize(np.asarray(var.values, order="C"))
+    stored = zarr_array_under(var._data)
+    if stored is not None:  # a zarr read directly: its store names it (a memory store by id)
+        root = getattr(stored.store_path.store, "root", None)
+        modified = os.stat(root).st_mtime_ns if root is not None and os.path.exists(root) else None
+        return tokenize("zarr", str(stored.store_path), modified, var.shape, str(var.dtype))
     source = var.encoding.get("source")
     modified = os.stat(source).st_mtime_ns if source and os.path.exists(source) else None
     return tokenize(type(var._data).__name__, source, modified, var.shape, str(var.dtype))
 
 
 def plan_grid(variables: Mapping[Hashable, xr.Variable], dims, shape) -> ChunkGrid:
-    """Return the chunk grid to plan on: the input's dask chunks, else dask's auto chunks.
+    """Return the chunk grid to plan on: the input's chunks, else dask's auto chunks.
 
     Per patched dim, the chunks of the first dask-backed variable by name that has
-    it (one chunk where none has; by name, as xarray may open a zarr's variables in
-    another order each time); for input in memory, the grid that ``chunks="auto"``
-    would give the largest variable.
+    it, else of the first zarr opened without dask chunks (its stored chunks, or
+    shards); one chunk where none has (by name, as xarray may open a zarr's
+    variables in another order each time). For input in memory, the grid that
+    ``chunks="auto"`` would give the largest variable.
+
+    Examples
+    --------
+    >>> import numpy as np, xarray as xr
+    >>> from zarr.storage import MemoryStore
+    >>> store = MemoryStore()
+    >>> data = xr.Dataset({"v": (("y", "x"), np.zeros((5, 6)))})
+    >>> _ = data.to_zarr(store, encoding={"v": {"chunks": (2, 6)}}, consolidated=False)
+    >>> var = xr.open_zarr(store, consolidated=False, chunks=None)["v"].variable
+    >>> plan_grid({"v": var}, ("y", "x"), (5, 6)).chunks
+    ((2, 2, 1), (6,))
     """
     chunks: dict[Hashable, tuple[int, ...]] = {}
     for name in sorted(variables, key=str):
@@ -105,6 +171,14 @@ def plan_grid(variables: Mapping[Hashable, xr.Variable], dims, shape) -> ChunkGr
             for d in dims:
                 if d in var.dims and d not in chunks:
                     chunks[d] = var.chunks[var.dims.index(d)]
+    for name in sorted(variables, key=str):
+        var = variables[name]
+        stored = None if getattr(var, "_in_memory", True) else zarr_array_under(var._data)
+        if stored is not None:
+            steps = getattr(stored, "shards", None) or stored.chunks
+            for d, step, n in zip(var.dims, steps, var.shape):
+                if d in dims and d not in chunks:
+                    chunks[d] = (step,) * (n // step) + ((n % step,) if n % step else ())
     if chunks:
         return ChunkGrid.from_chunks([chunks.get(d, (n,)) for d, n in zip(dims, shape)])
     largest = max(variables.values(), key=lambda v: v.size * v.dtype.itemsize)
