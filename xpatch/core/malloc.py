@@ -55,9 +55,11 @@ def _libc() -> ctypes.CDLL | None:
 def bound_arenas(count: int | None = None) -> bool:
     """Have glibc keep at most ``count`` heaps (default: the cores this process may use).
 
-    Called before xpatch's read threads start (a Grain source's reader, in each
-    process). Arenas created before stay; threads then share those. Returns whether
-    the setting was applied (False off glibc, or when ``MALLOC_ARENA_MAX`` is set).
+    Called when :mod:`xpatch.grain` is imported (by ``import xpatch``), before a
+    store starts threads of its own, and by a Grain source's reader in each process.
+    glibc fixes its limit once more than eight arenas exist, and arenas created
+    before stay: threads then share those. Returns whether the setting was applied
+    (False off glibc, or when ``MALLOC_ARENA_MAX`` is set).
 
     Examples
     --------

@@ -8,10 +8,17 @@ fingerprint, the checkpoints). Their pipeline methods (``chunk_shuffle``,
 :mod:`xpatch.grain.datasets` imports grain.
 """
 
+from xpatch.core.malloc import bound_arenas
 from xpatch.grain.base import GRAIN_HINT, Source, mark_absl_flags_parsed, require_grain
 from xpatch.grain.batches import BatchSource
 from xpatch.grain.distributed import RankSampler
 from xpatch.grain.source import ITEM_KEYS, PatchSource
+
+# Now, before a store starts threads: each thread's first allocation makes an arena
+# while glibc's limit allows, and the limit is fixed once more than eight exist (an
+# xr.open_zarr over obstore made 11 before the first read; a BatchSource epoch of
+# insitubatch's ERA5 case then peaked at 357 MiB, 270 MiB with two arenas).
+bound_arenas()
 
 __all__ = [
     "GRAIN_HINT",
