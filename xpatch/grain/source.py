@@ -242,7 +242,8 @@ class PatchSource(Source):
                 f"cache_dir={str(folder)!r} keeps nothing: none of the variables "
                 f"{list(self.variables)!r} is read from a zarr store directly (in memory, "
                 "computed by dask, sharded or CF-decoded). Open the zarr with "
-                "xr.open_zarr(..., chunks={}) and without decoding, or leave cache_dir out.",
+                "xr.open_zarr(...) (chunks={} or None) and without decoding, or leave "
+                "cache_dir out.",
                 UserWarning,
                 stacklevel=3,
             )
