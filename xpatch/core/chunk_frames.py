@@ -84,15 +84,16 @@ class FrameLayout:
             hi = np.zeros(len(s) - 1, dtype=np.int64)
             a, stop = bounds[j]
             stop = np.minimum(stop, s[-1])
-            # A window starting before the array reads the first block's low cells, one
-            # running past it the last block's high cells: along a periodic dim, the
-            # rest of the window is the far end's, and the window another block's.
-            reach = stop[a < 0] - s[0]
-            if len(lo) and len(reach):
-                lo[0] = max(lo[0], int(min(reach.max(), s[1] - s[0])))
-            reach = s[-1] - a[bounds[j][1] > s[-1]]
-            if len(hi) and len(reach):
-                hi[-1] = max(hi[-1], int(min(reach.max(), s[-1] - s[-2])))
+            if pad_modes is not None and pad_modes[j] == "wrap":
+                # A window across the seam (given once at each end, a turn apart) reads
+                # the first block's low cells and the last block's high cells: the rest
+                # of the window is the far end's, and the patch another block's.
+                reach = stop[a < 0] - s[0]
+                if len(reach):
+                    lo[0] = max(lo[0], int(min(reach.max(), s[1] - s[0])))
+                reach = s[-1] - a[bounds[j][1] > s[-1]]
+                if len(reach):
+                    hi[-1] = max(hi[-1], int(min(reach.max(), s[-1] - s[-2])))
             a = np.maximum(a, 0)  # a halo's window starts before the array: its cells are not
             cross = last > first
             # The block after the first and the first: the two a patch straddles.
