@@ -21,15 +21,17 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import dask
-import dask.array as da
 import numpy as np
-from dask.array.core import concatenate3
 from dask.highlevelgraph import MaterializedLayer
 from dask.local import get_sync
 
 from xpatch.core.plan import chunk_starts
+
+if TYPE_CHECKING:
+    import dask.array as da
 
 #: Default byte limit of a chunk cache (per process).
 DEFAULT_CACHE_BYTES = 512 * 2**20
@@ -460,6 +462,7 @@ def read_region(array: da.Array, axes: Sequence[int], region: Sequence[slice]) -
 
     Examples
     --------
+    >>> import dask.array as da
     >>> x = da.arange(12, chunks=4).reshape(2, 6).rechunk((1, 3))
     >>> read_region(x, [1], [slice(3, 6)]).tolist()
     [[3, 4, 5], [9, 10, 11]]
@@ -489,6 +492,8 @@ def read_region(array: da.Array, axes: Sequence[int], region: Sequence[slice]) -
         blocks = dict(zip(keys, get_sync(graph, keys)))
     if len(keys) == 1:
         return np.asarray(blocks[keys[0]])
+    from dask.array.core import concatenate3  # a dask array's region: dask.array is loaded
+
     return concatenate3(_nest(blocks, array.name, ranges, ()))
 
 

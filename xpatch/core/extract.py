@@ -12,11 +12,9 @@ import math
 import operator
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterator, Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-import dask.array as da
 import numpy as np
-from dask.array.core import concatenate3
 from dask.base import tokenize
 from dask.highlevelgraph import HighLevelGraph
 from numpy.lib.stride_tricks import sliding_window_view
@@ -32,6 +30,9 @@ from xpatch.core.padding import (
 )
 from xpatch.core.plan import Plan, chunk_starts, column_bounds
 from xpatch.core.regroup import take_rows
+
+if TYPE_CHECKING:
+    import dask.array as da
 
 
 def default_pad_value(dtype: np.dtype) -> float | int | bool:
@@ -136,6 +137,8 @@ def join_blocks(nested: list, crops: Sequence[Sequence[slice]]) -> np.ndarray:
         if isinstance(item, list):
             return [cut(sub, depth + 1, (*index, i)) for i, sub in enumerate(item)]
         return _cut_piece(item, crops, index)
+
+    from dask.array.core import concatenate3  # a task of a dask graph: dask.array is loaded
 
     return concatenate3(cut(nested, 0, ()))
 
@@ -375,6 +378,8 @@ def extract_dask(
     plan
         The plan over the patched ``axes``, in their order.
     """
+    import dask.array as da
+
     size = list(plan.size)
     patch_shape = list(array.shape)
     for ax, s in zip(axes, size):

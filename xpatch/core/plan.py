@@ -28,7 +28,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from dask.array.core import normalize_chunks
 from dask.base import tokenize
 
 from xpatch.core.padding import PadMode, read_bounds
@@ -310,6 +309,9 @@ def auto_grid(shape: Sequence[int], carried: int, dtype: np.dtype) -> ChunkGrid:
     >>> auto_grid([100, 120], 3, np.dtype("float32")).chunks
     ((100,), (120,))
     """
+    # In-memory input only: a zarr read without dask is planned on its own chunks.
+    from dask.array.core import normalize_chunks
+
     chunks = normalize_chunks(
         (-1, *("auto",) * len(shape)), (max(int(carried), 1), *shape), dtype=np.dtype(dtype)
     )

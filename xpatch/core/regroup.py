@@ -10,13 +10,16 @@ output chunk, reading only the input chunks that hold its rows.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-import dask.array as da
 import numpy as np
 from dask.base import tokenize
 from dask.highlevelgraph import HighLevelGraph
 
 from xpatch.core.plan import chunk_starts, locate_rows
+
+if TYPE_CHECKING:
+    import dask.array as da
 
 
 class Selections:
@@ -80,10 +83,13 @@ def take_rows(array: da.Array, rows: np.ndarray, chunks: Sequence[int]) -> da.Ar
 
     Examples
     --------
+    >>> import dask.array as da
     >>> x = da.arange(6, chunks=2)
     >>> take_rows(x, np.array([5, 0, 3, 1, 2, 4]), [3, 3]).compute().tolist()
     [5, 0, 3, 1, 2, 4]
     """
+    import dask.array as da
+
     rows = np.asarray(rows, dtype=np.int64)
     name = f"xpatch-take-{tokenize(array, rows, tuple(chunks))}"
     starts = chunk_starts(chunks)

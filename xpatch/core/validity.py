@@ -10,10 +10,15 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import dask
-import dask.array as da
 import numpy as np
+
+from xpatch.core.dask_arrays import is_dask_array
+
+if TYPE_CHECKING:
+    import dask.array as da
 
 
 def window_sums(
@@ -36,13 +41,19 @@ def window_sums(
     >>> window_sums(cells, np.array([[0, 0], [3, 3]]), [2, 2]).tolist()
     [4, 1]
     """
+    lazy = is_dask_array(cells)
     k = cells.ndim
     table = cells.astype(np.int64)
     for axis in range(k):
         table = table.cumsum(axis=axis)
     # A leading zero row/column per axis turns inclusive sums into box sums.
     pad = [(1, 0)] * k
-    table = da.pad(table, pad) if isinstance(table, da.Array) else np.pad(table, pad)
+    if lazy:
+        import dask.array as da
+
+        table = da.pad(table, pad)
+    else:
+        table = np.pad(table, pad)
     extent = np.asarray(cells.shape)
     lo = np.clip(anchors, 0, extent)
     hi = np.clip(anchors + np.asarray(size), 0, extent)
@@ -50,8 +61,8 @@ def window_sums(
     signs = []
     for pick_hi in itertools.product((False, True), repeat=k):
         index = tuple(np.where(p, hi[:, j], lo[:, j]) for j, p in enumerate(pick_hi))
-        corners.append(table.vindex[index] if isinstance(table, da.Array) else table[index])
+        corners.append(table.vindex[index] if lazy else table[index])
         signs.append((-1) ** (k - sum(pick_hi)))
-    if isinstance(table, da.Array):
+    if lazy:
         corners = dask.compute(*corners)
     return sum(s * np.asarray(c) for s, c in zip(signs, corners))

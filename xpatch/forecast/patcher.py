@@ -14,10 +14,10 @@ import operator
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any, NamedTuple
 
-import dask.array
 import numpy as np
 import xarray as xr
 
+from xpatch.core.dask_arrays import is_dask_array
 from xpatch.core.errors import DimensionError, OptionError, PredictionError
 from xpatch.core.samplers import Anchors
 from xpatch.forecast.stencil import Forecast, OriginPlan, SkippedOrigins, plan_origins
@@ -498,8 +498,10 @@ class ForecastPatcher:
             start += width
         dtype = np.result_type(*(piece.dtype for piece in pieces.values()))
         arrays = [a.astype(dtype, copy=False) for a in arrays]
-        if any(isinstance(a, dask.array.Array) for a in arrays):
-            data = dask.array.concatenate([dask.array.asarray(a) for a in arrays], axis=1)
+        if any(is_dask_array(a) for a in arrays):
+            import dask.array as da
+
+            data = da.concatenate([da.asarray(a) for a in arrays], axis=1)
         else:
             data = np.concatenate(arrays, axis=1) if len(arrays) > 1 else arrays[0]
         coords = {

@@ -22,7 +22,6 @@ from collections.abc import Hashable, Sequence
 from pathlib import Path
 from typing import Any
 
-import dask.array as da
 import numpy as np
 import xarray as xr
 from dask.base import tokenize
@@ -331,6 +330,8 @@ class GeoTiffOutput:  # an Output (xpatch.io.outputs)
     """
 
     def __init__(self, result: xr.DataArray, location: Location, nodata: Any) -> None:
+        import dask.array as da
+
         y_dim, x_dim, band_dims = geotiff_layout(result)
         self.result = result.transpose(*band_dims, y_dim, x_dim)
         self.band_dims = band_dims

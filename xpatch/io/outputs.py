@@ -24,11 +24,11 @@ import warnings
 from collections.abc import Hashable
 from typing import Any, Protocol
 
-import dask.array as da
 import numpy as np
 import xarray as xr
 from dask.base import tokenize
 
+from xpatch.core.dask_arrays import is_dask_array
 from xpatch.core.errors import OutputError, OutputExistsError
 from xpatch.core.plan import block_regions
 from xpatch.io.block_waves import STORE_TASK_PREFIX
@@ -218,7 +218,7 @@ def zarr_chunked(dataset: xr.Dataset) -> xr.Dataset:
     changed: dict[Hashable, xr.Variable] = {}
     for var_name, var in dataset.variables.items():
         data = var.data
-        if not isinstance(data, da.Array):
+        if not is_dask_array(data):
             continue
         sizes = zarr_chunk_sizes(data.chunks, var.encoding.get("chunks"))
         if not sizes:
@@ -361,7 +361,7 @@ class ZarrOutput:
             # leaves unwritten.
             for var_name, var in dataset.variables.items():
                 data = var.data
-                if not isinstance(data, da.Array):
+                if not is_dask_array(data):
                     continue
                 tasks.dependencies.append(data)
                 stored = group_variable(path, var_name)
@@ -388,7 +388,7 @@ class ZarrOutput:
             group_variable(path, n)
             for path, dataset in self.groups.items()
             for n, v in dataset.variables.items()
-            if isinstance(v.data, da.Array)
+            if is_dask_array(v.data)
         ]
 
     def finish(self) -> None:

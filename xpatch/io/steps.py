@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 import dask
-import dask.array as da
 import numpy as np
 import xarray as xr
 from dask.delayed import Delayed
@@ -452,6 +451,8 @@ def zarr_blocks(dataset: xr.Dataset) -> xr.Dataset:
             "variable would be hidden in a subgroup); rename them, e.g. "
             "result.rename({'a/b': 'a_b'})."
         )
+    import dask.array as da
+
     # Eager variables go through the same block path: counted, resumable, with progress.
     dataset = dataset.copy()
     for var_name, var in dataset.data_vars.items():

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, fields
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-import dask.array as da
 import numpy as np
 import xarray as xr
 from dask.base import tokenize
@@ -28,6 +27,7 @@ from xpatch.core.blend.reductions import (
     label_dtype,
 )
 from xpatch.core.blend.weighted import check_weights
+from xpatch.core.dask_arrays import is_dask_array
 from xpatch.core.errors import DimensionError, OptionError
 from xpatch.core.extract import check_pad_value
 from xpatch.core.scale import ScaleSpec
@@ -49,6 +49,9 @@ from xpatch.xarray.provenance import describe_callable, layout_facts, note_resul
 from xpatch.xarray.reconstruct import output_coords
 from xpatch.xarray.variables import check_apply_dtype, data_token
 from xpatch.xarray.views import PATCH_DIM
+
+if TYPE_CHECKING:
+    import dask.array as da
 
 #: ``apply``'s ``output_dims``: ``{dim: size}``, or per output ``{name: {dim: size} | None}``.
 OutputDims = Mapping[Hashable, int] | Mapping[str, Mapping[Hashable, int] | None]
@@ -445,7 +448,7 @@ def apply(
         weight_key=weight_key,
         halo=output_halo(layout, out_patch) if reading is not layout else (),
     )
-    lazy = isinstance(data, da.Array)
+    lazy = is_dask_array(data)
     out_plan = None if grid.identity and reading is layout else grid.plan
     if lazy:
         inner = None if reading is layout else layout.plan  # the budget splits its grid
@@ -508,7 +511,7 @@ def check_apply_weights(
         return None, weights
     if isinstance(weights, xr.DataArray) and weights.dims == (PATCH_DIM,):
         weights = weights.data
-    if isinstance(weights, da.Array):
+    if is_dask_array(weights):
         raise OptionError(
             "weights= is a dask array; per-patch weights are one number per patch: pass them "
             "in memory (np.asarray(weights)), or return them from fn by name."
@@ -634,7 +637,7 @@ def _labelled(
     obj = layout.obj
     if stored is not None and stored.kind in "iu" and out.dtype.kind == "f" and reduce.sums:
         most = plan_most_covering(grid.plan)
-        if isinstance(out, da.Array):
+        if is_dask_array(out):
             out = out.map_blocks(check_rounds_exactly, most, stored, what, dtype=out.dtype)
         else:
             out = check_rounds_exactly(out, most, stored, what)

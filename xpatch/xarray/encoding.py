@@ -25,13 +25,13 @@ import warnings
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any, Literal
 
-import dask.array as da
 import numpy as np
 import xarray as xr
 from numpy.typing import DTypeLike
 
 from xpatch.core.blend.dtypes import plan_covers
 from xpatch.core.blend.reductions import Reduction
+from xpatch.core.dask_arrays import is_dask_array
 from xpatch.core.errors import NodataCollisionWarning, OptionError, PredictionError
 from xpatch.core.plan import Plan
 
@@ -144,7 +144,7 @@ def fill_nodata(variable: xr.Variable, attrs: Mapping) -> xr.Variable:
     if isinstance(nodata, float) and np.isnan(nodata):
         return variable
     data = variable.data
-    if isinstance(data, da.Array):
+    if is_dask_array(data):
         label = data.name
         data = data.map_blocks(filled_block, nodata, label, dtype=data.dtype, meta=data._meta)
     else:
@@ -399,7 +399,7 @@ def cast_stored(out: xr.DataArray, dtype: np.dtype) -> xr.DataArray:
     if fill is not None and (isinstance(fill, float) and math.isnan(fill)):
         fill = None
     data = out.data
-    if isinstance(data, da.Array):
+    if is_dask_array(data):
         data = data.map_blocks(cast_block, dtype, fill, dtype=dtype, meta=np.array((), dtype))
     else:
         data = cast_block(np.asarray(data), dtype, fill)

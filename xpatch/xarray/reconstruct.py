@@ -11,9 +11,8 @@ applies the nodata rules of :mod:`xpatch.xarray.encoding`.
 from __future__ import annotations
 
 from collections.abc import Hashable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import dask.array as da
 import numpy as np
 import xarray as xr
 
@@ -27,6 +26,7 @@ from xpatch.core.blend.reductions import (
     label_dtype,
 )
 from xpatch.core.blend.weighted import check_weights
+from xpatch.core.dask_arrays import is_dask_array
 from xpatch.core.errors import DimensionError, PredictionError
 from xpatch.core.scale import ScaleSpec
 from xpatch.core.windows import BlendWindow, marginal_window
@@ -49,6 +49,9 @@ from xpatch.xarray.output_grids import (
 from xpatch.xarray.provenance import layout_facts, note_result
 from xpatch.xarray.variables import data_token, is_dask_backed
 from xpatch.xarray.views import PATCH_DIM
+
+if TYPE_CHECKING:
+    import dask.array as da
 
 
 def first_surplus(given: np.ndarray, expected: np.ndarray) -> int:
@@ -129,9 +132,9 @@ def prediction_rows(
     anchor_coords = [f"{d}_anchor" for d in layout.dims]
     if not all(c in pred.coords for c in anchor_coords):
         return None, None
-    if isinstance(pred.data, da.Array) and any(
-        is_dask_backed(pred[c].variable) for c in anchor_coords
-    ):
+    if is_dask_array(pred.data) and any(is_dask_backed(pred[c].variable) for c in anchor_coords):
+        import dask.array as da
+
         return None, [da.asarray(pred[c].data) for c in anchor_coords]
     given = np.stack([np.asarray(pred[c].values) for c in anchor_coords], axis=1)
     mine = layout.plan.anchors
@@ -159,7 +162,7 @@ def prediction_weights(pred: xr.DataArray, weights: Any, label: str) -> xr.DataA
     """
     n = pred.sizes[PATCH_DIM]
     if not isinstance(weights, xr.DataArray):
-        array = weights if isinstance(weights, da.Array) else np.asarray(weights)
+        array = weights if is_dask_array(weights) else np.asarray(weights)
         if array.shape == (n,):
             dims: tuple[Hashable, ...] = (PATCH_DIM,)
         elif array.ndim == pred.ndim:
@@ -214,14 +217,16 @@ def reconstruct_variable(
     lead = [d for d in pred.dims if d != PATCH_DIM and d not in layout.dims]
     data = missing_as_nan(pred).transpose(PATCH_DIM, *lead, *present).data
     wdata = None if weights is None else weights_data(weights, (PATCH_DIM, *lead, *present))
-    if isinstance(wdata, da.Array) and not isinstance(data, da.Array):
+    if is_dask_array(wdata) and not is_dask_array(data):
         # Lazy weights make the reconstruction lazy: chunk pred as the weights are.
+        import dask.array as da
+
         data = da.from_array(data, chunks=(wdata.chunks[0], *(-1,) * (data.ndim - 1)))
     plan = grid.plan if len(columns) == len(layout.dims) else grid.plan.project(columns)
     window = grid.window
     if len(columns) < len(layout.dims):
         window = BlendWindow.of(marginal_window(window.values, columns))
-    if isinstance(data, da.Array):
+    if is_dask_array(data):
         if lazy_anchors is not None and len(columns) < len(layout.dims):
             lazy_anchors = [lazy_anchors[j] for j in columns]
         # The predictions carry the input's anchors: checked against the input's plan.

@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import dask
-import dask.array as da
 import numpy as np
 import xarray as xr
 
@@ -453,6 +452,8 @@ def balanced_weights(labels: xr.DataArray, classes: Sequence[Any] | None = None)
             f"labels; got {dtype}. Round or cast float labels first: labels.astype(int)."
         )
     if is_dask_backed(labels.variable):
+        import dask.array as da
+
         (found, counts) = dask.compute(*da.unique(labels.data.ravel(), return_counts=True))
     else:
         found, counts = np.unique(labels.values, return_counts=True)

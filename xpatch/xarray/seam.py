@@ -19,10 +19,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-import dask.array as da
 import numpy as np
 import xarray as xr
 
+from xpatch.core.dask_arrays import is_dask_array
 from xpatch.core.plan import Plan
 from xpatch.xarray.apply import ApplyOptions, BatchFunction
 from xpatch.xarray.apply import apply as apply_layout
@@ -75,7 +75,9 @@ class SeamBlend:
             if PATCH_DIM not in values.dims:
                 return values
             return xr.concat([values, values.isel({PATCH_DIM: self.rows})], dim=PATCH_DIM)
-        if isinstance(values, da.Array):
+        if is_dask_array(values):
+            import dask.array as da
+
             return da.concatenate([values, values[self.rows]], axis=0)
         array = np.asarray(values)
         if array.ndim == 0:  # not per patch: refused, or taken, by the verb as it is

@@ -13,12 +13,12 @@ import math
 import os
 from collections.abc import Hashable, Mapping, Sequence
 
-import dask.array as da
 import numpy as np
 import pandas as pd
 import xarray as xr
 from dask.base import tokenize
 
+from xpatch.core.dask_arrays import is_dask_array
 from xpatch.core.errors import OptionError, PredictionError, XPatchError
 from xpatch.core.extract import check_pad_value
 from xpatch.core.geometry import Geometry
@@ -43,7 +43,7 @@ def is_dask_backed(var: xr.Variable) -> bool:
     ``Variable.data`` reads a lazily opened (unchunked) file variable whole;
     ``chunks`` is None for it and does not read.
     """
-    return var.chunks is not None and isinstance(var.data, da.Array)
+    return var.chunks is not None and is_dask_array(var.data)
 
 
 def patched_variables(
@@ -230,7 +230,12 @@ def valid_fraction(
     if any(reach):
         # A patch past a seam counts the first cells again.
         widths = [(0, r) for r in reach]
-        counts = (da.pad if isinstance(counts, da.Array) else np.pad)(counts, widths, mode="wrap")
+        if is_dask_array(counts):
+            import dask.array as da
+
+            counts = da.pad(counts, widths, mode="wrap")
+        else:
+            counts = np.pad(counts, widths, mode="wrap")
     with ProgressBar(minimum=PROGRESS_AFTER_SECONDS):
         inside = window_sums(counts, anchors, geometry.size)
     return inside / per_patch

@@ -11,10 +11,9 @@ import functools
 import operator
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import dask
-import dask.array as da
 import numpy as np
 from dask.base import tokenize
 from dask.highlevelgraph import HighLevelGraph
@@ -53,6 +52,9 @@ from xpatch.core.extract import (
 )
 from xpatch.core.plan import Plan
 from xpatch.core.windows import BlendWindow
+
+if TYPE_CHECKING:
+    import dask.array as da
 
 
 def block_limit(array: da.Array) -> int:
@@ -285,6 +287,8 @@ def apply_dask(
         :meth:`~xpatch.core.blend.reductions.Reduction.result_dtype` of its
         dtype, decided while building: nothing is computed.
     """
+    import dask.array as da
+
     k = plan.ndim
     n_carried = array.ndim - k
     axes = tuple(range(n_carried, array.ndim))

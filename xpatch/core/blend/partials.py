@@ -13,11 +13,9 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
-import dask.array as da
 import numpy as np
-from dask.array.core import normalize_chunks
 from dask.base import tokenize
 from dask.highlevelgraph import HighLevelGraph
 
@@ -30,6 +28,9 @@ from xpatch.core.errors import PredictionError
 from xpatch.core.plan import Plan, chunk_starts
 from xpatch.core.regroup import row_sources
 from xpatch.core.windows import BlendWindow
+
+if TYPE_CHECKING:
+    import dask.array as da
 
 
 def partial_sums(
@@ -157,6 +158,8 @@ def output_lead_chunks(
     >>> output_lead_chunks([3], plan, 4, 128 * 2**20)
     ((3,),)
     """
+    from dask.array.core import normalize_chunks
+
     block_cells = int(np.prod([max(c) if c else 0 for c in plan.grid.chunks], dtype=np.int64))
     budget = max(int(limit) // max(block_cells * int(itemsize), 1), 1)
     sizes = []
@@ -372,6 +375,8 @@ def overlap_add_dask(
         along the first axis (regrouped as the predictions are). Checked (finite,
         >= 0) by each partial's task.
     """
+    import dask.array as da
+
     k = plan.ndim
     n_lead = predictions.ndim - 1 - k
     window = BlendWindow.of(window)

@@ -31,7 +31,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Literal, get_args
 
-import dask.array as da
 import numpy as np
 
 from xpatch.core.blend.dtypes import plan_covers, value_range
@@ -55,6 +54,7 @@ from xpatch.core.blend.sums import (
 from xpatch.core.blend.vote import present_labels, vote_block, vote_partial, vote_pieces
 from xpatch.core.blend.weighted import beyond_float32, weighted_sums
 from xpatch.core.checks import check_choice
+from xpatch.core.dask_arrays import is_dask_array
 from xpatch.core.errors import OptionError, PredictionError
 from xpatch.core.plan import Plan
 from xpatch.core.windows import BlendWindow
@@ -533,7 +533,9 @@ def argmax_labels(data: Any, axis: int = 0) -> Any:
     >>> argmax_labels(np.array([[0.1, np.nan, 0.5], [0.9, 0.2, 0.5]])).tolist()
     [1.0, nan, 0.0]
     """
-    if isinstance(data, da.Array):
+    if is_dask_array(data):
+        import dask.array as da
+
         data = data.rechunk({axis: -1})
         return da.map_blocks(
             argmax_labels, data, axis, drop_axis=axis, dtype=np.float64, meta=np.array((), float)
