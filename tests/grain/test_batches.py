@@ -145,6 +145,33 @@ def test_a_process_asked_for_every_other_batch_never_waits_for_the_others(monkey
     assert src.cache_stats().loads / src.chunk_count <= 1.05
 
 
+def test_a_batch_asked_second_from_far_ahead_waits_for_the_sweep(monkeypatch):
+    # Grain's 16 threads may start batch 15 right after batch 0: taken as a step of 15
+    # (15 mp_prefetch workers), it ran ahead and its chunks flushed chunks still to be
+    # served (1.05-1.10 loads per chunk in some ERA5 epochs of bench_peers).
+    import threading
+
+    monkeypatch.setattr(batches_module, "MAX_WAIT_SECONDS", 60.0)
+    values = np.random.default_rng(0).normal(size=(1024, 1024)).astype("f4")
+    src = xr.DataArray(values, dims=("y", "x")).chunk(128).patch(y=64, x=64).to_grain()
+    batches = BatchSource(src, 16, seed=1)
+    releases = batches._tracking()
+    releases.started(0, 0)
+    far = threading.Thread(target=lambda: batches[15])
+    far.start()
+    far.join(0.5)
+    assert far.is_alive()  # waiting: batches 1 to 14 come first
+    # Grain's other threads ask for them meanwhile.
+    others = [threading.Thread(target=lambda k=k: batches[k]) for k in range(1, 15)]
+    for thread in others:
+        thread.start()
+    releases.finished(0, 0)
+    for thread in [*others, far]:
+        thread.join(30)
+        assert not thread.is_alive()
+    assert releases.workers == 1  # every batch is this process's
+
+
 def test_drop_remainder_and_a_short_last_batch():
     src = scene().patch(y=8, x=8, stride=8).to_grain()
     assert len(src) == 30

@@ -146,6 +146,8 @@ class ChunkCache:
         self._load_seconds = 0.0
         self._wait_seconds = 0.0
         self._peak_bytes = 0
+        #: The largest chunk stored so far: what a load in flight is counted as.
+        self._largest = 0
 
     def get(
         self,
@@ -159,10 +161,12 @@ class ChunkCache:
         If the load fails with an exception, the threads waiting for it raise
         that exception too (the next request tries again); if it is interrupted
         (``KeyboardInterrupt``, ``SystemExit``), a waiting thread loads it itself.
-        ``ahead=True`` marks a read ahead of use: its time is not a wait. ``wanted``
-        is asked, under the cache's lock, before a load starts: False returns None
-        and loads nothing (a read ahead of a chunk whose patches were all served
-        while it waited).
+        ``ahead=True`` marks a read ahead of use: its time is not a wait, and it
+        returns None and loads nothing when the chunks held and the loads in flight
+        leave no room for one more (it would evict a chunk that is still to be
+        served, and that chunk would be read again). ``wanted`` is asked, under the
+        cache's lock, before a load starts: False returns None and loads nothing (a
+        read ahead of a chunk whose patches were all served while it waited).
         """
         started = time.perf_counter()
         while True:
@@ -175,6 +179,8 @@ class ChunkCache:
                 pending = self._pending.get(key)
                 if pending is None:
                     if wanted is not None and not wanted():
+                        return None
+                    if ahead and not self._room_for_one_more():
                         return None
                     pending = self._pending[key] = _Pending()
                     self._loads += 1
@@ -304,8 +310,14 @@ class ChunkCache:
         self._entries[FrameKey(key)] = (frame, frame_size)
         self._bytes += frame_size
 
+    def _room_for_one_more(self) -> bool:
+        # The loads in flight land too: each counted as large as the largest chunk.
+        coming = (len(self._pending) + 1) * self._largest
+        return self._bytes + coming <= self.max_bytes
+
     def _store(self, key: Hashable, value: object) -> None:
         size = nbytes_of(value)
+        self._largest = max(self._largest, size)
         if size > self.max_bytes:
             return
         if FrameKey(key) in self._entries:  # the chunk itself serves what its frame did

@@ -372,8 +372,15 @@ class _Releases:
         self.workers = batches.worker_count
         #: The first batch (global index) this process served, and the gcd of the steps
         #: from it to the others: Grain's mp_prefetch hands a worker every W-th batch.
+        #: A larger step counts as the workers once a third batch left it as it was:
+        #: Grain's 16 threads may start batch 15 second, and a step of 15 taken at once
+        #: let batches run far ahead of the sweep and flush chunks still to be served
+        #: (1.03-1.15 loads per chunk in some of the ERA5 epochs of bench_peers).
         self.first: int | None = None
         self.step = 0
+        self.seen = 0
+        #: Batches of this process started and not finished, and waiting to start.
+        self.running = self.waiting = 0
         self.lock = threading.Lock()
         self.moved = threading.Condition(self.lock)
         self.epoch = -1
@@ -408,21 +415,44 @@ class _Releases:
             index = epoch * len(self.batches) + k
             if self.first is None:
                 self.first = index
-            else:
-                self.step = math.gcd(self.step, abs(index - self.first))
-                self.workers = self.step or self.workers
-            if epoch > self.epoch or (epoch == self.epoch and k < self.low):
-                self._start(epoch, k)
+            elif index != self.first:
+                step = math.gcd(self.step, abs(index - self.first))
+                self.seen += 1
+                # Fewer workers is safe at once (it only waits more); more, once seen twice.
+                confirmed = step == self.step and self.seen >= 2
+                if step != self.workers and (step < self.workers or confirmed):
+                    self._take_workers(step, epoch)
+                self.step = step
+            if epoch > self.epoch or (epoch == self.epoch and self.low >= len(self.batches)):
+                self._start(epoch, k)  # a new epoch, or this one again
+            elif epoch == self.epoch and k < self.low:
+                # A batch before the first one asked for: Grain's threads start them in
+                # any order. The plan holds (planned again, it read chunks ahead again
+                # that were served and let go: 1.03 loads per chunk).
+                self.low = k
             started, low = time.monotonic(), self.low
-            while epoch == self.epoch and k >= self.low + self.spread * self.workers:
+            self.waiting += 1
+            # A batch asked alone (nothing of this process in flight or waiting) passes:
+            # no batch would move the sweep for it (a process asked for every other
+            # batch, one at a time, before its step is seen twice); it holds one batch's
+            # chunks beyond the sweep's at most.
+            while (
+                epoch == self.epoch
+                and k >= self.low + self.spread * self.workers
+                and (self.running > 0 or self.waiting > 1)
+            ):
                 if self.low != low:  # progress: the bound holds memory, it never stalls
                     started, low = time.monotonic(), self.low
-                elif time.monotonic() - started > MAX_WAIT_SECONDS:
+                elif time.monotonic() - started > MAX_WAIT_SECONDS and not self.running:
                     # Nobody serves the batches behind (another process's, or a state
-                    # restored further on): this one starts the count again.
+                    # restored further on): this one starts the count again. Not while
+                    # a batch of this process runs: on a loaded machine one took over
+                    # the wait, and the batches let go flushed the cache (4x the loads).
                     self.low = k
-                    return
+                    break
                 self.moved.wait(0.05)
+            self.waiting -= 1
+            self.running += 1
 
     def _start(self, epoch: int, k: int) -> None:
         # Batches before the first one asked for are taken as served (a restored state).
@@ -506,16 +536,11 @@ class _Releases:
 
     def finished(self, epoch: int, k: int) -> None:
         with self.lock:
+            self.running -= 1
             if epoch != self.epoch:
                 return
             self.done.add(k)
-            low = self.low
-            while self.low in self.done or not self._mine(self.low):
-                self.done.discard(self.low)
-                self.low += 1
-                if self.low >= len(self.batches):
-                    break
-            if self.low == low:
+            if not self._advance_low():
                 return
             self.moved.notify_all()
             retire, shrink = self._let_go()
@@ -525,6 +550,22 @@ class _Releases:
         for chunk in retire:
             self.reads.release(int(chunk), keep_frame=False)
         self._send(due)
+
+    def _take_workers(self, workers: int, epoch: int) -> None:
+        # Under the lock: the batches between this process's are now others'.
+        self.workers = workers
+        if self.epoch == epoch and self._advance_low():
+            self.moved.notify_all()
+
+    def _advance_low(self) -> bool:
+        # Past the batches served, and those another process serves; whether it moved.
+        low = self.low
+        while self.low in self.done or not self._mine(self.low):
+            self.done.discard(self.low)
+            self.low += 1
+            if self.low >= len(self.batches):
+                break
+        return self.low != low
 
     def _mine(self, k: int) -> bool:
         # Grain's mp_prefetch hands worker w the batches w, w + W, ...: the others are theirs.
