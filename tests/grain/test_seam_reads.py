@@ -1,7 +1,7 @@
 """A chunk-shuffled epoch over a periodic dim reads the seam's chunks about once.
 
 A patch across the seam (or a halo before the start) reads the chunks at the other
-end; the chunk ids the sweep plans with say so (``ChunkGrid.touched_ids(wraps=...)``),
+end; the chunk ids the sweep plans with say so (``ChunkGrid.touched_ids(pad_modes=...)``),
 so the sweep holds them for the patches that wrap instead of reading them again.
 """
 
@@ -46,8 +46,11 @@ def test_touched_ids_wrap_only_where_asked():
     grid = ChunkGrid.from_chunks([(4, 4), (4, 4, 4)])
     anchors = np.array([[6, 10], [-2, -2]])
     # y ends (the cells past it are padding); x wraps to its first chunk.
-    assert grid.touched_ids(anchors, [4, 4], wraps=[False, True]).tolist() == [[5, 3], [2, 0]]
+    assert grid.touched_ids(anchors, [4, 4], pad_modes=["constant", "wrap"]).tolist() == [
+        [5, 3],
+        [2, 0],
+    ]
     assert grid.touched_ids(anchors, [4, 4]).tolist() == [[5], [0]]
     # A window longer than a turn lists each chunk once.
-    (row,) = grid.touched_ids(np.array([[0, -6]]), [1, 24], wraps=[False, True]).tolist()
+    (row,) = grid.touched_ids(np.array([[0, -6]]), [1, 24], pad_modes=["constant", "wrap"]).tolist()
     assert sorted(c for c in row if c >= 0) == [0, 1, 2]

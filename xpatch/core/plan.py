@@ -225,37 +225,36 @@ class ChunkGrid:
         self,
         anchors: np.ndarray,
         size: Sequence[int],
-        wraps: Sequence[bool] | None = None,
         pad_modes: Sequence[PadMode] | None = None,
     ) -> np.ndarray:
         """``(n, m)`` flat (C-order) indices of the chunks each patch reads, -1 padded.
 
-        Along an axis that ``wraps`` (a periodic dim, or ``pad_mode="wrap"``) the
-        cells a window has before the start or past the end are the other end's,
-        and so are their chunks. Along an axis padded by mirroring (``pad_modes``:
-        ``"reflect"``, ``"symmetric"``, ``"edge"``) they are cells near the edge,
-        whose chunk the window may not overlap (:func:`~xpatch.core.padding.read_bounds`).
-        A chunk is listed once per patch.
+        ``pad_modes`` says, per axis, which cells a window reads before the start or
+        past the end (default ``"constant"``: none). Along an axis that wraps
+        (``"wrap"``: a periodic dim) they are the other end's, and so are their
+        chunks. Along an axis padded by mirroring (``"reflect"``, ``"symmetric"``,
+        ``"edge"``) they are cells near the edge, whose chunk the window may not
+        overlap (:func:`~xpatch.core.padding.read_bounds`). A chunk is listed once
+        per patch.
 
         Examples
         --------
         >>> grid = ChunkGrid.from_chunks([(4, 4, 4)])
         >>> grid.touched_ids(np.array([[0], [2], [6]]), [4]).tolist()
         [[0, -1], [0, 1], [1, 2]]
-        >>> grid.touched_ids(np.array([[10], [-2]]), [4], wraps=[True]).tolist()
+        >>> grid.touched_ids(np.array([[10], [-2]]), [4], pad_modes=["wrap"]).tolist()
         [[2, 0], [2, 0]]
         >>> last = np.array([[11]])  # its cells past the end mirror 6 to 10
-        >>> grid.touched_ids(last, [6]).tolist(), grid.touched_ids(last, [6], None, ["reflect"])
+        >>> grid.touched_ids(last, [6]).tolist(), grid.touched_ids(last, [6], ["reflect"])
         ([[2]], array([[1, 2]]))
         """
         n = len(anchors)
         firsts, lasts, numblocks = [], [], []
         for j, starts in enumerate(self.starts):
-            wrapped = bool(wraps[j]) if wraps is not None else False
+            mode = pad_modes[j] if pad_modes is not None else "constant"
             a = np.asarray(anchors[:, j], dtype=np.int64) if n else np.zeros(0, np.int64)
             extent = starts[-1]
-            if not wrapped:
-                mode = pad_modes[j] if pad_modes is not None else "constant"
+            if mode != "wrap":
                 low, high = read_bounds(a, int(size[j]), extent, mode)
                 first, last = ChunkGrid((starts,)).spans(low[:, None], (high - low)[:, None])
                 firsts.append(first[0])
@@ -286,7 +285,7 @@ class ChunkGrid:
             flat = np.ravel_multi_index(clipped, self.numblocks) if n else np.zeros(0, np.int64)
             columns.append(np.where(valid, flat, -1))
         touched = np.stack(columns, axis=1).astype(np.int64)
-        if wraps is not None and any(wraps) and touched.shape[1] > 1:
+        if pad_modes is not None and "wrap" in pad_modes and touched.shape[1] > 1:
             for k in range(1, touched.shape[1]):  # a window longer than a turn: once each
                 repeated = (touched[:, :k] == touched[:, k : k + 1]).any(axis=1)
                 touched[repeated, k] = -1

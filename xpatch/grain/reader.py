@@ -196,7 +196,7 @@ class PatchReader:
         self._alone = np.full(len(anchors), -1, dtype=np.int64)
         self._blocks: list[tuple[int, ...]] = []
         if grid is not None and len(anchors) and all(plan.lazy for plan in self.plans):
-            touched = grid.touched_ids(anchors, size, self.wraps, self.pad_mode)
+            touched = grid.touched_ids(anchors, size, self.pad_mode)
             inside = np.all(anchors >= 0, axis=1) & np.all(
                 anchors + np.asarray(size) <= np.asarray(shape), axis=1
             )
@@ -395,7 +395,7 @@ class PatchReader:
                 self.grid.count * self._largest_chunk_bytes() > self.cache_bytes
             )
             if whole and all(plan.lazy for plan in self.plans):
-                touched = self.grid.touched_ids(self._anchors, self.size, self.wraps, self.pad_mode)
+                touched = self.grid.touched_ids(self._anchors, self.size, self.pad_mode)
                 order = np.arange(len(self._anchors))
                 _, last = chunk_uses(order, touched, self.grid.count)
                 for chunk_id in np.flatnonzero(last >= 0).tolist():

@@ -367,7 +367,7 @@ class PatchSource(Source):
         if grid is None:
             return np.zeros((len(self), 1), dtype=np.int64)
         reader = self._reader
-        return grid.touched_ids(self._read_anchors, reader.size, reader.wraps, reader.pad_mode)
+        return grid.touched_ids(self._read_anchors, reader.size, reader.pad_mode)
 
     def shuffle_groups(self) -> np.ndarray:
         """Return the groups :meth:`chunk_shuffle` visits: a chunk per patch, or all it touches.
