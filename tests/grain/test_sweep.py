@@ -458,3 +458,82 @@ def test_a_read_left_waiting_by_the_next_epoch_returns_and_never_winds_the_epoch
         reads.reached(i)
         reads.finished(i)
     assert reads._low == n
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    ahead=st.integers(0, 12),
+    landings=st.lists(st.tuples(st.booleans(), st.floats(0, 1), st.floats(0, 1)), max_size=60),
+)
+def test_reads_sent_beyond_the_room_stay_within_their_bound_and_follow_late_waits(
+    ahead, landings
+):
+    from xpatch.grain.readahead import MAX_LATE_PER_AHEAD, LateReads
+
+    late = LateReads(ahead)
+    most = MAX_LATE_PER_AHEAD * ahead if ahead > 1 else 0
+    for is_late, waited, rest in landings:
+        before = late.count
+        late.landed(is_late, waited, waited + rest)
+        assert 0 <= late.count <= most
+        if is_late and waited >= rest:  # a wait for the store, not decoding: one more
+            assert late.count == min(before + 1, most)
+        else:  # never more for a read in time, or one that decoded longer than it waited
+            assert late.count <= before
+    # From any state, as many late waits as the bound reach it; a run in time ends at 0.
+    for _ in range(most):
+        late.landed(True, 0.02, 0.024)
+    assert late.count == most
+    for _ in range(most * max(ahead, 1)):
+        late.landed(False, 0.02, 0.024)
+    assert late.count == 0
+
+
+def slow_batches(tmp_path, seconds: float):
+    """A BatchSource over a 64-chunk zarr on a store answering in ``seconds``; values, store."""
+    from zarr.storage import LocalStore
+
+    from xpatch.grain import BatchSource
+
+    values = np.random.default_rng(5).integers(0, 4000, (2, 128, 128)).astype("uint16")
+    xr.Dataset({"v": (("band", "y", "x"), values)}).to_zarr(
+        tmp_path / "s.zarr", encoding={"v": {"chunks": (2, 16, 16)}}, consolidated=False
+    )
+    slow = counting_latency_store(LocalStore(tmp_path / "s.zarr", read_only=True), seconds)
+    src = xr.open_zarr(slow, consolidated=False)["v"].patch(y=8, x=8, stride=8)
+    src = src.to_grain(cache_bytes=24 * 2 * 16 * 16 * 2)
+    return BatchSource(src, 4, seed=2), values, type(slow)
+
+
+def check_batch(batches, k: int, values: np.ndarray) -> None:
+    batch = batches[k]
+    for data, (y, x) in zip(batch["data"], batch["anchor"].tolist()):
+        np.testing.assert_array_equal(data, values[:, y : y + 8, x : x + 8])
+
+
+def test_batches_asked_as_fast_as_a_slow_store_answers_get_reads_beyond_the_room(tmp_path):
+    # The count of reads beyond the room was computed from the sweep's pace, which the
+    # reads in flight set: it settled below its bound (1 GiB, 20 ms a read: 2-3 of 4).
+    batches, values, store = slow_batches(tmp_path, 0.03)
+    ahead = batches._tracking().ahead
+    assert ahead > 1
+    for k in range(len(batches)):
+        check_batch(batches, k, values)
+    stats = batches.cache_stats()
+    assert stats.loads == batches.source.chunk_count and stats.evictions == 0
+    assert batches._tracking().late.count == batches._tracking().late.most
+    assert store.most > ahead + 1
+
+
+def test_batches_asked_slower_than_a_slow_store_answers_get_no_reads_beyond_the_room(tmp_path):
+    # A training step slower than the store: reads beyond the room would only wait in the cache.
+    batches, values, store = slow_batches(tmp_path, 0.01)
+    releases = batches._tracking()
+    counts = []
+    for k in range(len(batches)):
+        check_batch(batches, k, values)
+        counts.append(releases.late.count)
+        time.sleep(0.06)
+    assert max(counts[len(counts) // 2 :]) == 0
+    stats = batches.cache_stats()
+    assert stats.loads == batches.source.chunk_count and stats.evictions == 0

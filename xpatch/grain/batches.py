@@ -19,7 +19,6 @@ import math
 import os
 import threading
 import time
-from collections import deque
 from collections.abc import Hashable, Sequence
 from typing import Any, Literal
 
@@ -32,12 +31,7 @@ from xpatch.core.errors import OptionError
 from xpatch.core.shuffle import check_count, check_seed
 from xpatch.core.sweep import key_chunks, sweep_ranks
 from xpatch.grain.base import Source, mark_absl_flags_parsed, require_grain
-from xpatch.grain.readahead import (
-    MAX_LATE_PER_AHEAD,
-    PACE_SAMPLES,
-    read_ahead_timed,
-    reads_landing_late,
-)
+from xpatch.grain.readahead import MAX_LATE_PER_AHEAD, LateReads, read_ahead_timed
 from xpatch.grain.reader import PatchReader, VariablePlan
 from xpatch.grain.source import PatchSource
 from xpatch.grain.threads import IdlePool, closing
@@ -83,7 +77,7 @@ class BatchSource:
     The chunks of a batch that the cache does not hold are read side by side (a
     thread per core). Under the sweep, the chunks the next batches use first are
     read ahead, in that order, as far as the cache has room for (more while a slow
-    store's reads land late, as for items: :func:`~xpatch.grain.readahead.reads_landing_late`);
+    store's reads land late, as for items: :class:`~xpatch.grain.readahead.LateReads`);
     each process drops a chunk after the last batch that touches it and
     keeps only its frame after the last batch keyed to it, and holds a batch back
     while it runs more batches ahead of the oldest one in flight than the cache
@@ -397,9 +391,11 @@ class _Releases:
         self.first_uses: tuple[np.ndarray, np.ndarray] = (np.empty(0, np.int64),) * 2
         self.first_uses_workers = 0
         self.next_ahead = 0
-        self.late = 0
-        self.read_seconds: deque[float] = deque(maxlen=PACE_SAMPLES)
-        self.reached: deque[tuple[float, int]] = deque(maxlen=PACE_SAMPLES)
+        #: Each chunk's first batch among this process's (``first_uses`` unsorted), and
+        #: the newest batch started: a read ahead landing after it is late.
+        self.first_use = np.empty(0, np.int64)
+        self.frontier = -1
+        self.late = LateReads(ahead)
         self.pool: IdlePool | None = None
 
     def started(self, epoch: int, k: int) -> None:
@@ -453,6 +449,8 @@ class _Releases:
                 self.moved.wait(0.05)
             self.waiting -= 1
             self.running += 1
+            if epoch == self.epoch:
+                self.frontier = max(self.frontier, k)
 
     def _start(self, epoch: int, k: int) -> None:
         # Batches before the first one asked for are taken as served (a restored state).
@@ -479,7 +477,7 @@ class _Releases:
         self.next_shrink = int(np.searchsorted(self.plan[3], 0))
         self._let_go()  # nothing yet: chunks used before k only are left to the cache
         self.first_uses_workers = 0  # planned again for this epoch at the first read ahead
-        self.reached.clear()
+        self.frontier = k - 1
 
     def _plan_reads_ahead(self) -> None:
         # Each chunk's first batch among this process's, the chunks in that order.
@@ -495,6 +493,8 @@ class _Releases:
         by_first = np.argsort(first, kind="stable")
         first = first[by_first]
         kept = int(np.searchsorted(first, never))
+        self.first_use = np.empty(self.chunk_count, np.int64)
+        self.first_use[by_first] = first
         self.first_uses = (by_first[:kept], first[:kept])
         self.first_uses_workers = self.workers
         # Chunks first used before the oldest batch in flight are that batch's to read.
@@ -508,11 +508,7 @@ class _Releases:
             self._plan_reads_ahead()
         by_first, first = self.first_uses
         current = int(np.searchsorted(first, self.low))
-        if not self.reached or current > self.reached[-1][1]:  # the sweep moved on
-            self.reached.append((time.monotonic(), current))
-            if self.ahead > 1:  # room for one is none to spare for a read landing early
-                self.late = reads_landing_late(self.read_seconds, self.reached, self.ahead)
-        stop = min(current + self.ahead + self.late, len(by_first))
+        stop = min(current + self.ahead + self.late.count, len(by_first))
         due = by_first[self.next_ahead : stop]
         self.next_ahead = max(self.next_ahead, stop)
         return due
@@ -529,10 +525,11 @@ class _Releases:
             self.pool.submit(self._read, chunk)
 
     def _read(self, chunk: int) -> None:
-        waited = read_ahead_timed(self.reads, chunk, self.retired)
-        if waited is not None:
+        timed = read_ahead_timed(self.reads, chunk, self.retired)
+        if timed is not None:
             with self.lock:
-                self.read_seconds.append(waited)
+                late = chunk < len(self.first_use) and self.first_use[chunk] <= self.frontier
+                self.late.landed(late, *timed)
 
     def finished(self, epoch: int, k: int) -> None:
         with self.lock:

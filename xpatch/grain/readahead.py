@@ -8,10 +8,10 @@ soon as every position that needs it was read, so the cache holds what is in
 use, not what was used last.
 
 A read in flight holds no bytes until it lands. Where reads take long (an object
-store), more are sent than the cache keeps room for, each early by about as many
-chunks as the sweep reaches while one read is in flight (measured: see
-:func:`reads_landing_late`), so that they land about when the chunks kept for
-reads ahead are used, and the cache holds no more than it would on a fast disk.
+store), more are sent than the cache keeps room for while they land after the
+sweep reached their chunks (:class:`LateReads`), so that they land about when the
+chunks kept for reads ahead are used, and the cache holds no more than it would on
+a fast disk.
 
 It only moves chunks in and out of the cache: a chunk dropped too early is read
 again by the patch that needs it (counted in the cache's loads), never served
@@ -21,11 +21,9 @@ wrong.
 from __future__ import annotations
 
 import os
-import statistics
 import threading
 import time
-from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Protocol
 
 import numpy as np
@@ -40,8 +38,6 @@ JUMP_SECONDS = 1.0
 #: A waiting read looks again this often, and never waits longer than MAX_WAIT_SECONDS.
 STALL_CHECK_SECONDS = 0.05
 MAX_WAIT_SECONDS = 5.0
-#: Reads (and chunks the sweep reached) measured for :func:`reads_landing_late`.
-PACE_SAMPLES = 16
 #: Reads sent beyond ``ahead`` are at most this many times ``ahead``. Measured at
 #: 20 ms per read: 3 was no faster than 1, and when the pace changed its reads landed
 #: early enough to evict chunks still needed (1.01-1.03 loads per chunk, none with 1).
@@ -90,62 +86,87 @@ def sweep_span(patch_count: int, chunk_count: int, reads: int | None = None) -> 
     return int(np.ceil(sweep_spread(patch_count, chunk_count, reads) / per_chunk)) + 1
 
 
-def reads_landing_late(
-    read_seconds: Sequence[float], reached: Sequence[tuple[float, int]], ahead: int
-) -> int:
-    """Return how many reads to send beyond ``ahead``: those still in flight when due.
+class LateReads:
+    """How many reads go out beyond the room kept for reads ahead: more while they land late.
 
-    A read sent ``ahead + k`` chunks before its first use lands ``ahead`` chunks
-    early at most when the sweep reaches ``k`` chunks or more while it waits for the
-    store: ``k`` is the median wait of the recent reads over the sweep's recent time
-    per chunk, rounded down, and at most ``MAX_LATE_PER_AHEAD * ahead``. None until
-    both were measured (four samples or more).
+    A read ahead *lands late* when the sweep reached the chunk's first use while the
+    read was still in flight. Each late landing whose wait for the store's bytes was
+    at least as long as the rest of the read (decoding: more reads in flight hide a
+    wait, not work) sends one more read beyond ``ahead``, up to
+    ``MAX_LATE_PER_AHEAD * ahead``; every ``ahead`` landings in time send one fewer.
+    So a fast disk, or a consumer slower than the store (a training step), sends
+    none: the cache holds no more than the room kept ahead.
+
+    The count used to be computed from the sweep's measured pace (the store's wait
+    over the time per chunk). A sweep waiting for its reads goes at the pace the
+    reads in flight set, so that count settled wherever it began: on
+    ``benchmarks/bench_storage.py``'s 1 GiB zarr with 20 ms per read, 2-3 of the 4
+    allowed, 3.9-4.4 s an epoch of ``BatchSource``; 3.2-3.4 s with 4.
+
+    Not thread-safe: its owner calls it under its own lock.
 
     Parameters
     ----------
-    read_seconds
-        Seconds each recent read waited for the store's bytes (not decoding:
-        more reads in flight hide a wait, not work; :mod:`xpatch.grain.store_wait`).
-    reached
-        ``(time, chunks)``: when the sweep first reached each of its recent chunks.
     ahead
-        Chunks the cache keeps room for, read ahead.
+        Chunks the cache keeps room for, read ahead. With room for one there is
+        none to spare for a read landing early: no read goes beyond it.
 
     Examples
     --------
-    >>> pace = [(0.005 * i, i) for i in range(8)]  # a chunk every 5 ms
-    >>> reads_landing_late([0.022] * 8, pace, ahead=4)  # 22 ms reads: 4 in flight
+    >>> late = LateReads(ahead=4)
+    >>> for _ in range(6):  # 20 ms reads that decode in 4 ms, landing after first use
+    ...     late.landed(late=True, waited=0.020, seconds=0.024)
+    >>> late.count  # at most MAX_LATE_PER_AHEAD * ahead
     4
-    >>> reads_landing_late([0.003] * 8, pace, ahead=4)  # a fast disk: none
-    0
-    >>> reads_landing_late([0.2] * 8, pace, ahead=4)  # 40 chunks, bounded
-    4
+    >>> for _ in range(8):  # the consumer slowed down: they land in time
+    ...     late.landed(late=False, waited=0.020, seconds=0.024)
+    >>> late.count
+    2
+    >>> late.landed(late=True, waited=0.001, seconds=0.004)  # a fast disk: decoding is the work
+    >>> late.count
+    2
     """
-    if len(read_seconds) < 4 or len(reached) < 4:
-        return 0
-    (first_time, first_chunk), (last_time, last_chunk) = reached[0], reached[-1]
-    if last_chunk <= first_chunk or last_time <= first_time:
-        return 0
-    per_chunk = (last_time - first_time) / (last_chunk - first_chunk)
-    late = statistics.median(read_seconds) // per_chunk
-    return int(min(MAX_LATE_PER_AHEAD * ahead, late))
+
+    def __init__(self, ahead: int) -> None:
+        self.most = MAX_LATE_PER_AHEAD * int(ahead) if ahead > 1 else 0
+        self.in_time_per_step = max(int(ahead), 1)
+        self.count = 0
+        self._in_time = 0
+
+    def landed(self, late: bool, waited: float, seconds: float) -> None:
+        """Count a read ahead that landed after (``late``) or before its chunk's first use.
+
+        ``waited`` is the part of its ``seconds`` spent waiting for the store's bytes.
+        """
+        if late and waited >= seconds - waited:
+            self.count = min(self.count + 1, self.most)
+            self._in_time = 0
+            return
+        self._in_time += 1
+        if self._in_time >= self.in_time_per_step:
+            self.count = max(self.count - 1, 0)
+            self._in_time = 0
 
 
-def read_ahead_timed(chunk_reads: ChunkReads, chunk: int, retired: np.ndarray) -> float | None:
-    """Read ``chunk`` ahead unless ``retired[chunk]`` when its load starts; return its store wait.
+def read_ahead_timed(
+    chunk_reads: ChunkReads, chunk: int, retired: np.ndarray
+) -> tuple[float, float] | None:
+    """Read ``chunk`` ahead unless ``retired[chunk]`` when its load starts.
 
-    None when nothing was read: the interpreter is exiting (a dropped pipeline's
-    queued reads), or the read failed (the patch or batch that needs the chunk reads
-    it again, and raises).
+    Returns ``(waited, seconds)``: the store wait and the whole read's time. None
+    when nothing was read: the interpreter is exiting (a dropped pipeline's queued
+    reads), or the read failed (the patch or batch that needs the chunk reads it
+    again, and raises).
     """
     if closing():
         return None
+    started = time.perf_counter()
     try:
         with store_wait() as waited:
             chunk_reads.read_ahead(chunk, lambda: not retired[chunk])
     except Exception:
         return None
-    return waited.seconds
+    return waited.seconds, time.perf_counter() - started
 
 
 def _in_order_of(positions: np.ndarray, used: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -260,13 +281,12 @@ class SweepReads:
         self._held: dict[tuple[int, int], threading.Condition] = {}
         self._in_flight: set[int] = set()
         self._pool: IdlePool | None = None
-        self._read_seconds: deque[float] = deque(maxlen=PACE_SAMPLES)
-        self._reached: deque[tuple[float, int]] = deque(maxlen=PACE_SAMPLES)
-        self._late = 0
+        self._late = LateReads(self._ahead)
         self._epoch = -1
         self._workers: set[int] = set()
         self._frontier = -1
         self._by_first = self._first = self._by_last = self._last = np.empty(0, np.int64)
+        self._first_use = np.empty(0, np.int64)
         self._next_ahead = self._next_retire = self._next_shrink = 0
         self._by_whole_last = self._whole_last = np.empty(0, np.int64)
         self._ranks = np.zeros(self._chunk_count, dtype=np.int64)
@@ -403,6 +423,7 @@ class SweepReads:
         served_by = ((np.arange(n) + self._epoch * n) // self._batch_size) % self._workers_total
         self._mine = np.isin(served_by, sorted(self._workers))
         first, last = chunk_uses(np.where(self._mine, order, -1), self._touched, self._chunk_count)
+        self._first_use = first
         self._by_first, self._first = _in_order_of(first, first < n)
         self._by_last, self._last = _in_order_of(last, last >= 0)
         # The last position of each chunk's own patches (those it is the last visited
@@ -416,17 +437,10 @@ class SweepReads:
         self._next_ahead = int(np.searchsorted(self._first, self._frontier, side="right"))
         self._next_retire = int(np.searchsorted(self._last, self._low))
         self._next_shrink = int(np.searchsorted(self._whole_last, self._low))
-        self._reached.clear()  # the chunks reached are counted in this plan's order
 
     def _due_reads(self) -> np.ndarray:
         current = int(np.searchsorted(self._first, self._frontier, side="right"))
-        if not self._reached or current > self._reached[-1][1]:  # a chunk reached: new pace
-            self._reached.append((time.monotonic(), current))
-            # Room for one read ahead is a cache with none to spare for an early landing
-            # (sweep_budget gives 1 when the budget barely holds the sweep): none is sent.
-            if self._ahead > 1:
-                self._late = reads_landing_late(self._read_seconds, self._reached, self._ahead)
-        stop = min(current + self._ahead + self._late, len(self._first))
+        stop = min(current + self._ahead + self._late.count, len(self._first))
         due = self._by_first[self._next_ahead : stop]
         self._next_ahead = max(self._next_ahead, stop)
         return due
@@ -442,7 +456,9 @@ class SweepReads:
         # Queued behind the patches that needed it sooner, it may have been read and
         # dropped by them meanwhile: asked again as the load would start, under the
         # cache's lock (a check here alone left a window for a second load).
-        waited = read_ahead_timed(self._chunk_reads, chunk, self._retired)
-        if waited is not None:
+        timed = read_ahead_timed(self._chunk_reads, chunk, self._retired)
+        if timed is not None:
             with self._lock:
-                self._read_seconds.append(waited)
+                # Late: a position using the chunk was reached while it was in flight.
+                late = chunk < len(self._first_use) and self._first_use[chunk] <= self._frontier
+                self._late.landed(late, *timed)
