@@ -83,6 +83,27 @@ def test_every_batch_equals_the_stacked_items_in_order_epoch_after_epoch(make, g
     assert got[0]["index"].tolist() != got[len(batches)]["index"].tolist()
 
 
+@pytest.mark.parametrize("boundary", ["shift", "pad"])
+def test_batch_weights_are_read_only_and_batches_inside_the_array_share_them(boundary):
+    # A batch's weights were written out per batch: on insitubatch's ERA5 case half
+    # of every batch was the same window 16 times (251-256 MiB peak, 208-215 without).
+    src = scene().patch(y=8, x=8, stride=6, boundary=boundary, window="hann").to_grain()
+    batches = BatchSource(src, 4, seed=2)
+    got = [batches[k] for k in range(len(batches))]
+    for batch, want in zip(got, expected_batches(src, batches)):
+        assert_same(batch, want)
+        assert not batch["weights"].flags.writeable
+        with pytest.raises(ValueError, match="read-only"):
+            batch["weights"][0, 0, 0] = 1
+        assert batch["data"].flags.writeable and batch["data"].flags.owndata
+    inside = [b["weights"] for b in got if (b["weights"] > 0).all()]
+    assert len(inside) >= 2
+    assert all(np.shares_memory(w, inside[0]) for w in inside)
+    past_edge = [b["weights"] for b in got if not (b["weights"] > 0).all()]
+    assert (boundary == "pad") == bool(past_edge)  # zeros past the edge: fresh arrays
+    assert not any(np.shares_memory(w, inside[0]) for w in past_edge)
+
+
 def test_a_dataset_with_axes_in_other_orders_and_a_transform(gather_rows):
     rng = np.random.default_rng(0)
     y, x = np.arange(30.0), np.arange(36.0)
@@ -170,6 +191,47 @@ def test_a_batch_asked_second_from_far_ahead_waits_for_the_sweep(monkeypatch):
         thread.join(30)
         assert not thread.is_alive()
     assert releases.workers == 1  # every batch is this process's
+
+
+def test_batches_started_out_of_order_two_apart_are_not_taken_for_another_workers(monkeypatch):
+    # Grain's 16 threads once started batches 3, 5 and 7 first: taken for every other
+    # batch of two mp_prefetch workers, the process let go of the chunks of the even
+    # ones, its own, and read them again (2.1 loads per chunk that epoch). And batch 3
+    # served before batch 0 started held the sweep's mark at 3: batch 10 on waited.
+    import threading
+
+    monkeypatch.setattr(batches_module, "MAX_WAIT_SECONDS", 60.0)
+    values = np.random.default_rng(0).normal(size=(512, 512)).astype("f4")
+    src = xr.DataArray(values, dims=("y", "x")).chunk(64).patch(y=32, x=32).to_grain()
+    batches = BatchSource(src, 8, seed=1)
+    releases = batches._tracking()
+    taken = []
+    real = releases._take_workers
+    monkeypatch.setattr(releases, "_take_workers", lambda w, e: (taken.append(w), real(w, e)))
+    got, threads = {}, []
+    for k in [3, 5, 7, 9, 0, 1, 2, 4, 6, 8, *range(10, 16)]:
+        threads.append(threading.Thread(target=lambda k=k: got.setdefault(k, batches[k])))
+        threads[-1].start()
+        time.sleep(0.05 if k in (3, 5, 7, 9) else 0)
+    for thread in threads:
+        thread.join(30)
+        assert not thread.is_alive()
+    assert taken == [] and releases.workers == 1
+    for k in range(16):
+        assert_same(got[k], batches.batch(batches.positions(k)))
+
+
+def test_a_worker_given_every_other_batch_by_grain_knows_it_at_once():
+    src = scene((64, 64), 16).patch(y=8, x=8, stride=8).to_grain()
+    batches = BatchSource(src, 4, seed=3)
+    assert batches.dealt_workers is None
+    sliced = batches.dataset().slice(slice(1, None, 2))  # as mp_prefetch gives worker 1 of 2
+    assert batches.dealt_workers == 2 and batches._tracking().workers == 2
+    got = [b["index"].tolist() for b in sliced.to_iter_dataset()]
+    assert got == [batches[k]["index"].tolist() for k in range(1, len(batches), 2)]
+    assert batches._tracking().workers == 2
+    with pytest.raises(OptionError, match="workers=0"):
+        batches.deal(0)
 
 
 def test_drop_remainder_and_a_short_last_batch():

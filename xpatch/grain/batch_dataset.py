@@ -42,6 +42,17 @@ class BatchMapDataset(grain.MapDataset):
             return self.slice(index)
         return self._batches[int(index)]
 
+    def slice(self, sl: slice) -> grain.MapDataset:
+        """``grain.MapDataset.slice``; a step tells the batches how many workers share them.
+
+        Grain's ``mp_prefetch`` gives worker ``w`` of ``W`` the slice ``w::W`` of the
+        dataset before its prefetch: that process then knows its batches are every
+        ``W``-th, without inferring it from the order its threads start them in.
+        """
+        if sl.step is not None and sl.step > 1 and (sl.start or 0) < sl.step:
+            self._batches.deal(sl.step)
+        return super().slice(sl)
+
     def to_iter_dataset(
         self, read_options: Any = None, *, allow_nones: bool = False
     ) -> grain.IterDataset:

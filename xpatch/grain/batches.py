@@ -31,7 +31,7 @@ from xpatch.core.errors import OptionError
 from xpatch.core.shuffle import check_count, check_seed
 from xpatch.core.sweep import key_chunks, sweep_ranks
 from xpatch.grain.base import Source, mark_absl_flags_parsed, require_grain
-from xpatch.grain.readahead import MAX_LATE_PER_AHEAD, LateReads, read_ahead_timed
+from xpatch.grain.readahead import MAX_LATE_PER_AHEAD, LateReads, max_reads, read_ahead_timed
 from xpatch.grain.reader import PatchReader, VariablePlan
 from xpatch.grain.source import PatchSource
 from xpatch.grain.threads import IdlePool, closing
@@ -43,6 +43,20 @@ KEPT_EPOCHS = 2
 
 #: A batch waits for the batches before it while they make progress, never longer than this.
 MAX_WAIT_SECONDS = 2.0
+#: Batches seen after the first, all a multiple of one step from it, before a process
+#: takes that step as Grain's mp_prefetch workers. Grain's 16 threads start batches in
+#: any order: three of them once came as 3, 5, 7, and the process took the even ones
+#: for another worker's, let go of their chunks and read them again (2.1 loads per
+#: chunk that epoch). Eight out of sixteen started at once share a step by chance
+#: once in some 6,000 epochs; a worker told its share by Grain (BatchMapDataset.slice)
+#: knows it at once.
+STEP_SIGHTINGS = 8
+#: An epoch whose first batch asked for is one of its first this many starts at its
+#: first batch: Grain's 16 read threads start batches 0 to 15 in any order. Started
+#: at batch 14, the sweep let go of chunks batches 0 to 13 still needed (2.26 loads
+#: per chunk in one epoch of the 1 GiB zarr with 20 ms per read). A state restored at
+#: one of those batches waits MAX_WAIT_SECONDS once for the batches before it.
+FIRST_BATCHES = 16
 
 #: Patches of one chunk in a batch from which one vectorized gather beats a slice copy
 #: each (a window view and a fancy index cost about as much as 8 slice copies).
@@ -65,14 +79,18 @@ class BatchSource:
 
     - :class:`~xpatch.grain.PatchSource`: vectorized. The patches lying whole
       inside one chunk are copied out of it by one gather per chunk and variable
-      into a preallocated ``(batch, ...)`` array (their ``"weights"`` are the
-      window, broadcast); the others (straddling chunks, past the array, or data
-      without dask chunks) are read one by one as ``src[i]`` reads them. Chunks
-      come through the source's own cache (each process its own).
+      into a preallocated ``(batch, ...)`` array; the others (straddling chunks,
+      past the array, or data without dask chunks) are read one by one as
+      ``src[i]`` reads them. Chunks come through the source's own cache (each
+      process its own).
     - Any other source (:class:`~xpatch.forecast.source.ForecastSource`,
       :class:`~xpatch.scenes.SceneSource`, :class:`~xpatch.tree.TreeSource`):
       one ``source[i]`` per sample, stacked (correct, not faster); items of
       different shapes (scenes of other variables) cannot be stacked and raise.
+
+    A :class:`PatchSource` batch's ``"weights"`` are read-only (copy them to write):
+    batches of patches inside the array share one array of windows, as much
+    memory as one batch's data of a one-variable float32 source.
 
     The chunks of a batch that the cache does not hold are read side by side (a
     thread per core). Under the sweep, the chunks the next batches use first are
@@ -161,10 +179,11 @@ class BatchSource:
         self._orders: dict[int, np.ndarray] = {}
         self._gather: _PatchGather | None = None
         self._releases: _Releases | None = None
+        self._dealt_workers: int | None = None
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
-        for key in ("_lock", "_orders", "_gather", "_releases"):
+        for key in ("_lock", "_orders", "_gather", "_releases", "_dealt_workers"):
             del state[key]
         return state
 
@@ -266,6 +285,33 @@ class BatchSource:
         return self._mix
 
     @property
+    def dealt_workers(self) -> int | None:
+        """The ``mp_prefetch`` workers Grain deals this process's batches among, if it said.
+
+        Set in a worker process when Grain gives it every W-th batch of
+        :meth:`dataset` (:meth:`deal`); None elsewhere (the process infers it from
+        the batches it is asked for).
+        """
+        return self._dealt_workers
+
+    def deal(self, workers: int) -> None:
+        """Take every ``workers``-th batch as this process's (Grain's ``mp_prefetch`` slice).
+
+        Examples
+        --------
+        >>> import numpy as np, xarray as xr, xpatch
+        >>> src = xr.DataArray(np.zeros((8, 8)), dims=("y", "x")).patch(y=4, x=4).to_grain()
+        >>> batches = BatchSource(src, 2, seed=0)
+        >>> batches.deal(2)
+        >>> batches.dealt_workers
+        2
+        """
+        workers = check_count("workers", workers)
+        self._dealt_workers = workers
+        if self._releases is not None:
+            self._releases.told(workers)
+
+    @property
     def worker_count(self) -> int:
         """The ``mp_prefetch`` workers the batches are dealt to (each process reads its own)."""
         return self._workers
@@ -359,11 +405,13 @@ class _Releases:
         self.chunk_count = int(self.touched.max(initial=-1)) + 1
         # Batches assembled at once: as many as the chunks the cache holds room for ahead
         # of the sweep serve (Grain's 16 threads, each a batch of some 8 chunks, flushed
-        # a cache of a few percent of the data otherwise).
+        # a cache of a few percent of the data otherwise), and no more than the cores
+        # copy at once: each holds its batch. On insitubatch's ERA5 case 4 batches at
+        # once peaked at 213-224 MiB RSS an epoch, 2 at 198-204 MiB, as fast.
         _, ahead = self.reads.sweep_settings(batches.mix, None)
         per_chunk = len(self.touched) / max(self.chunk_count, 1)
-        self.spread = 1 + int(ahead * per_chunk // batches.batch_size)
-        self.workers = batches.worker_count
+        self.spread = min(1 + int(ahead * per_chunk // batches.batch_size), max(max_reads(), 2))
+        self.workers = batches.dealt_workers or batches.worker_count
         #: The first batch (global index) this process served, and the gcd of the steps
         #: from it to the others: Grain's mp_prefetch hands a worker every W-th batch.
         #: A larger step counts as the workers once a third batch left it as it was:
@@ -414,18 +462,26 @@ class _Releases:
             elif index != self.first:
                 step = math.gcd(self.step, abs(index - self.first))
                 self.seen += 1
-                # Fewer workers is safe at once (it only waits more); more, once seen twice.
-                confirmed = step == self.step and self.seen >= 2
+                # Fewer workers is safe at once (it only waits more); more, once seen
+                # STEP_SIGHTINGS times. Told by Grain, the process keeps what it was told.
+                confirmed = step == self.step and self.seen >= STEP_SIGHTINGS
+                if self.batches.dealt_workers is not None:
+                    step = self.workers
                 if step != self.workers and (step < self.workers or confirmed):
                     self._take_workers(step, epoch)
                 self.step = step
             if epoch > self.epoch or (epoch == self.epoch and self.low >= len(self.batches)):
-                self._start(epoch, k)  # a new epoch, or this one again
+                # A new epoch, or this one again. Grain's threads start its first batches
+                # in any order (batch 14 came first once): those are taken as the start.
+                self._start(epoch, 0 if k < FIRST_BATCHES else k)
             elif epoch == self.epoch and k < self.low:
-                # A batch before the first one asked for: Grain's threads start them in
-                # any order. The plan holds (planned again, it read chunks ahead again
-                # that were served and let go: 1.03 loads per chunk).
+                # A batch before the first one asked for further on (a restored state
+                # asked for by many threads). The plan holds (planned again, it read
+                # chunks ahead again that were served and let go: 1.03 loads per chunk).
                 self.low = k
+                if self.first_uses_workers:
+                    ahead_from = int(np.searchsorted(self.first_uses[1], k))
+                    self.next_ahead = min(self.next_ahead, ahead_from)
             started, low = time.monotonic(), self.low
             self.waiting += 1
             # A batch asked alone (nothing of this process in flight or waiting) passes:
@@ -548,6 +604,12 @@ class _Releases:
             self.reads.release(int(chunk), keep_frame=False)
         self._send(due)
 
+    def told(self, workers: int) -> None:
+        """Grain dealt this process every ``workers``-th batch."""
+        with self.lock:
+            if workers != self.workers:
+                self._take_workers(workers, self.epoch)
+
     def _take_workers(self, workers: int, epoch: int) -> None:
         # Under the lock: the batches between this process's are now others'.
         self.workers = workers
@@ -557,8 +619,11 @@ class _Releases:
     def _advance_low(self) -> bool:
         # Past the batches served, and those another process serves; whether it moved.
         low = self.low
+        # Served batches stay in ``done`` for the epoch: a batch before the first one
+        # asked for moves the mark back (Grain's threads start them in any order), and
+        # the mark passes again those served meanwhile. Discarded here, batch 3 served
+        # before batch 0 started held the mark at 3 for good: every later batch waited.
         while self.low in self.done or not self._mine(self.low):
-            self.done.discard(self.low)
             self.low += 1
             if self.low >= len(self.batches):
                 break
@@ -630,6 +695,10 @@ class _PatchGather:
                 [np.asarray(s, dtype=np.int64)[b] for s, b in zip(grid.starts, blocks)], axis=1
             )
         self.transforms: np.ndarray | None = None
+        #: Per patch, whether its weights are the window itself (no cell past the edge).
+        self.inside = (self.read_anchors + np.asarray(self.reader.size) <= self.reader.shape).all(1)
+        self.windows: np.ndarray | None = None
+        self.lock = threading.Lock()
         # The chunks of one batch are read side by side (decoding is work: a thread a core).
         self.pool = IdlePool(os.cpu_count() or 1, "xpatch-batch")
 
@@ -641,7 +710,7 @@ class _PatchGather:
         out = {
             key: np.empty((b, *np.shape(value)), np.asarray(value).dtype)
             for key, value in first.items()
-            if key not in ("anchor", "index", "transform")
+            if key not in ("anchor", "index", "transform", "weights")
         }
         for key, array in out.items():
             array[0] = first[key]
@@ -663,16 +732,13 @@ class _PatchGather:
                 values = reader.chunk(chunk_id) if load is None else load.result()
                 rows = gathered[inverse == c]
                 self._gather_chunk(out, values, chunk_id, rows, positions[rows])
-            if "weights" in out:  # inside the array: the window itself
-                out["weights"][gathered] = reader.window
         for row in rest.tolist():
             position = int(positions[row])
-            read_at = tuple(self.read_anchors[position].tolist())
-            item = reader.read(position, read_at)
+            item = reader.read(position, tuple(self.read_anchors[position].tolist()))
             for plan in reader.plans:
                 out[str(plan.name)][row] = item[plan.name]
-            if "weights" in out:
-                out["weights"][row] = reader.weights(read_at)
+        if "weights" in first:
+            out["weights"] = self._weights(positions)
         if "transform" in first:
             if self.transforms is None:
                 layout = source.layout
@@ -681,6 +747,23 @@ class _PatchGather:
         out["anchor"] = self.anchors[positions]
         out["index"] = positions.copy()
         return out
+
+    def _weights(self, positions: np.ndarray) -> np.ndarray:
+        # Read-only: a batch of patches inside the array shares one array of windows
+        # (insitubatch's ERA5 case: a batch held 8.3 MiB, half of it the same window
+        # 16 times; 251-256 MiB peak RSS an epoch, 208-215 MiB without them).
+        b = len(positions)
+        if self.inside[positions].all():
+            with self.lock:  # one array, whichever of Grain's threads comes first
+                if self.windows is None or len(self.windows) < b:
+                    self.windows = np.repeat(self.reader.window[None], b, axis=0)
+                    self.windows.flags.writeable = False
+                return self.windows[:b]
+        weights = np.empty((b, *self.reader.window.shape), self.reader.window.dtype)
+        for row, position in enumerate(positions.tolist()):
+            weights[row] = self.reader.weights(tuple(self.read_anchors[position].tolist()))
+        weights.flags.writeable = False
+        return weights
 
     def key(self, chunk: int) -> tuple:
         """Return the cache's key of chunk ``chunk`` (as the reader keys it, under its prefix)."""
