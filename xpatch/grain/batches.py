@@ -414,10 +414,10 @@ class _Releases:
         self.workers = batches.dealt_workers or batches.worker_count
         #: The first batch (global index) this process served, and the gcd of the steps
         #: from it to the others: Grain's mp_prefetch hands a worker every W-th batch.
-        #: A larger step counts as the workers once a third batch left it as it was:
-        #: Grain's 16 threads may start batch 15 second, and a step of 15 taken at once
-        #: let batches run far ahead of the sweep and flush chunks still to be served
-        #: (1.03-1.15 loads per chunk in some of the ERA5 epochs of bench_peers).
+        #: A larger step counts as the workers once STEP_SIGHTINGS batches left it as
+        #: it was: Grain's 16 threads may start batch 15 second, and a step of 15 taken
+        #: at once let batches run far ahead of the sweep and flush chunks still to be
+        #: served (1.03-1.15 loads per chunk in some of the ERA5 epochs of bench_peers).
         self.first: int | None = None
         self.step = 0
         self.seen = 0
