@@ -465,9 +465,7 @@ def test_a_read_left_waiting_by_the_next_epoch_returns_and_never_winds_the_epoch
     ahead=st.integers(0, 12),
     landings=st.lists(st.tuples(st.booleans(), st.floats(0, 1), st.floats(0, 1)), max_size=60),
 )
-def test_reads_sent_beyond_the_room_stay_within_their_bound_and_follow_late_waits(
-    ahead, landings
-):
+def test_reads_sent_beyond_the_room_stay_within_their_bound_and_follow_late_waits(ahead, landings):
     from xpatch.grain.readahead import MAX_LATE_PER_AHEAD, LateReads
 
     late = LateReads(ahead)
@@ -527,7 +525,7 @@ def test_batches_asked_as_fast_as_a_slow_store_answers_get_reads_beyond_the_room
 
 def test_batches_asked_slower_than_a_slow_store_answers_get_no_reads_beyond_the_room(tmp_path):
     # A training step slower than the store: reads beyond the room would only wait in the cache.
-    batches, values, store = slow_batches(tmp_path, 0.01)
+    batches, values, _ = slow_batches(tmp_path, 0.01)
     releases = batches._tracking()
     counts = []
     for k in range(len(batches)):
