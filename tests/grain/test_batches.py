@@ -166,16 +166,21 @@ def test_a_process_asked_for_every_other_batch_never_waits_for_the_others(monkey
     assert src.cache_stats().loads / src.chunk_count <= 1.05
 
 
+def waiting_batches(monkeypatch, side: int, chunk: int, patch: int, batch_size: int):
+    """Batches of noise in dask chunks whose waits for the sweep never time out."""
+    monkeypatch.setattr(batches_module, "MAX_WAIT_SECONDS", 60.0)
+    values = np.random.default_rng(0).normal(size=(side, side)).astype("f4")
+    src = xr.DataArray(values, dims=("y", "x")).chunk(chunk).patch(y=patch, x=patch)
+    return BatchSource(src.to_grain(), batch_size, seed=1)
+
+
 def test_a_batch_asked_second_from_far_ahead_waits_for_the_sweep(monkeypatch):
     # Grain's 16 threads may start batch 15 right after batch 0: taken as a step of 15
     # (15 mp_prefetch workers), it ran ahead and its chunks flushed chunks still to be
     # served (1.05-1.10 loads per chunk in some ERA5 epochs of bench_peers).
     import threading
 
-    monkeypatch.setattr(batches_module, "MAX_WAIT_SECONDS", 60.0)
-    values = np.random.default_rng(0).normal(size=(1024, 1024)).astype("f4")
-    src = xr.DataArray(values, dims=("y", "x")).chunk(128).patch(y=64, x=64).to_grain()
-    batches = BatchSource(src, 16, seed=1)
+    batches = waiting_batches(monkeypatch, side=1024, chunk=128, patch=64, batch_size=16)
     releases = batches._tracking()
     releases.started(0, 0)
     far = threading.Thread(target=lambda: batches[15])
@@ -200,10 +205,7 @@ def test_batches_started_out_of_order_two_apart_are_not_taken_for_another_worker
     # served before batch 0 started held the sweep's mark at 3: batch 10 on waited.
     import threading
 
-    monkeypatch.setattr(batches_module, "MAX_WAIT_SECONDS", 60.0)
-    values = np.random.default_rng(0).normal(size=(512, 512)).astype("f4")
-    src = xr.DataArray(values, dims=("y", "x")).chunk(64).patch(y=32, x=32).to_grain()
-    batches = BatchSource(src, 8, seed=1)
+    batches = waiting_batches(monkeypatch, side=512, chunk=64, patch=32, batch_size=8)
     releases = batches._tracking()
     taken = []
     real = releases._take_workers
