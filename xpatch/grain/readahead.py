@@ -101,7 +101,7 @@ class LateReads:
     over the time per chunk). A sweep waiting for its reads goes at the pace the
     reads in flight set, so that count settled wherever it began: on
     ``benchmarks/bench_storage.py``'s 1 GiB zarr with 20 ms per read, 2-3 of the 4
-    allowed, 3.9-4.4 s an epoch of ``BatchSource``; 3.2-3.4 s with 4.
+    allowed, 3.9-4.6 s an epoch of ``BatchSource``; 3.1-3.4 s with 4.
 
     Not thread-safe: its owner calls it under its own lock.
 
