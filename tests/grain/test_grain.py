@@ -324,6 +324,12 @@ def test_chunks_read_ahead_and_not_asked_for_yet_are_evicted_first_the_newest_fi
     cache.get("h", lambda: np.zeros(1))  # none read ahead and unasked left: the oldest
     assert not cache.holds("a") and all(cache.holds(k) for k in "bcfgh")
     assert cache.stats().evictions == 3
+    # Asked for through get_or_frame too, a chunk read ahead is evicted by recent use again.
+    cache.release("h")
+    cache.get("j", lambda: np.zeros(1), ahead=True)
+    cache.get_or_frame("j", lambda frame: None, lambda: None)
+    cache.get("k", lambda: np.zeros(1))
+    assert cache.holds("j") and not cache.holds("b")
 
 
 @settings(max_examples=100, deadline=None)

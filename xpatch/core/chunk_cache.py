@@ -265,6 +265,7 @@ class ChunkCache:
             entry = self._entries.get(key)
             if entry is not None:
                 self._entries.move_to_end(key)
+                self._unasked.pop(key, None)
                 self._hits += 1
                 return True, entry[0]
             frame = self._entries.get(FrameKey(key))
