@@ -48,6 +48,8 @@ class BatchMapDataset(grain.MapDataset):
         Grain's ``mp_prefetch`` gives worker ``w`` of ``W`` the slice ``w::W`` of the
         dataset before its prefetch: that process then knows its batches are every
         ``W``-th, without inferring it from the order its threads start them in.
+        Any such slice tells the process so: to read a subset of the batches and all
+        of them in one process, use two ``BatchSource`` objects.
         """
         if sl.step is not None and sl.step > 1 and (sl.start or 0) < sl.step:
             self._batches.deal(sl.step)
