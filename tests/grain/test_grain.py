@@ -309,8 +309,8 @@ def test_a_sequential_epoch_reads_each_chunk_once_with_two_rows_of_chunks_cached
 
 
 def test_chunks_read_ahead_and_not_asked_for_yet_are_evicted_first_the_newest_first():
-    # Least-recently-used alone evicted the chunks a sweep still mixed: read again, each
-    # evicted the next (1.63 loads per chunk in one 20 ms-per-read epoch of ~20).
+    # Least-recently-used alone evicts the chunks a sweep still mixes: read again, each
+    # evicts the next.
     cache = ChunkCache(max_bytes=5 * 8)
     for key in "ab":
         cache.get(key, lambda: np.zeros(1))  # in use by the sweep

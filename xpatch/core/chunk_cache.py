@@ -107,10 +107,8 @@ class ChunkCache:
 
     Chunks read ahead and not asked for yet are evicted first, the newest of them
     first: reads ahead go in the order of first use, so it is the one needed last.
-    Least-recently-used alone evicted the chunks a sweep was still mixing, which
-    the next patch read again, evicting the next one (an epoch of the 1 GiB zarr of
-    ``benchmarks/bench_storage.py`` with 20 ms per read made 1.63 loads per chunk
-    once in some twenty).
+    Least-recently-used alone evicts, when a load finds the cache full, a chunk a
+    sweep is still mixing: the next patch reads it again and evicts the next one.
 
     With a ``shrink`` function, an evicted chunk is replaced by ``shrink(key,
     value)`` (its frame) unless that is None, and every other chunk is evicted
