@@ -7,7 +7,11 @@ Three habits of glibc's ``malloc`` cost a reading or writing process memory or t
   only. Grain's 16 read threads and the reads ahead each decode chunks and cut
   patches of a few hundred KiB to a few MiB: over one epoch of insitubatch's ERA5
   case (``benchmarks/bench_peers.py``, two rounds of runs) the peak RSS was 276-397
-  MiB with glibc's default arenas and 237-292 MiB with two, at the same speed.
+  MiB with glibc's default arenas and 237-292 MiB with two, at the same speed. One
+  heap per four cores (one on 2 cores) took 12-13 MiB more off the same epoch
+  (197 against 209 MiB from a local folder, 204 against 217 on S3, medians of 3-4),
+  and 23-27 MiB off xpatch's 1 GiB sweep, at the same speed: the blocks are few and
+  large (a handful per chunk), so threads seldom wait for the heap's lock.
 - Its threshold for mapping a large block sits wherever the largest freed block
   put it (up to 32 MiB), so blocks of a few MiB come from those heaps too
   (:func:`map_large_blocks`, used by writes in waves: ``docs/scale.md``).
@@ -53,7 +57,7 @@ def _libc() -> ctypes.CDLL | None:
 
 
 def bound_arenas(count: int | None = None) -> bool:
-    """Have glibc keep at most ``count`` heaps (default: the cores this process may use).
+    """Have glibc keep at most ``count`` heaps (default: one per four cores, at least one).
 
     Called when :mod:`xpatch.grain` is imported (by ``import xpatch``), before a
     store starts threads of its own, and by a Grain source's reader in each process.
@@ -66,9 +70,19 @@ def bound_arenas(count: int | None = None) -> bool:
     >>> bound_arenas() in (True, False)
     True
     """
-    if count is None:
-        count = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return _apply("MALLOC_ARENA_MAX", M_ARENA_MAX, max(int(count or 1), 2))
+    return _apply("MALLOC_ARENA_MAX", M_ARENA_MAX, default_arenas() if count is None else count)
+
+
+def default_arenas() -> int:
+    """Return the heaps :func:`bound_arenas` keeps by default: one per four cores, at least one.
+
+    Examples
+    --------
+    >>> default_arenas() >= 1
+    True
+    """
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(int(cores or 1) // 4, 1)
 
 
 def reuse_freed_blocks(retained: int) -> bool:
