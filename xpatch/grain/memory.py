@@ -72,8 +72,9 @@ class MemoryReport:
         What the sweep holds in the cache at most: the waiting row, and the chunks
         mixed, read ahead, landing and of the positions in flight. While reads make
         progress: a read held back a second with nothing behind it in flight (a
-        thread the machine did not run) starts the pass again where it is, and the
-        cache may then hold up to ``cache_bytes`` rather than stall.
+        thread the machine did not run) starts the pass again where it is, one held
+        five seconds goes on, and the cache may then hold up to ``cache_bytes``
+        rather than stall.
     floor_bytes, floor_chunks
         The least ``cache_bytes`` with which each chunk is read once per epoch.
     cache_bytes
