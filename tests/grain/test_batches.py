@@ -356,6 +356,28 @@ def test_worker_processes_give_the_same_batches_and_resume(tmp_path):
     restored.close()
 
 
+def test_batches_through_worker_processes_equal_the_items_weights_included(tmp_path):
+    # Weights of batches inside the array are a broadcast view (stride 0 along the
+    # batch axis); Grain's workers hand batches over through shared memory.
+    path = tmp_path / "scene.zarr"
+    scene((36, 40), 12).to_dataset(name="v").to_zarr(path)
+    patcher = xr.open_zarr(path)["v"].patch(y=8, x=8, stride=6, window="hann", boundary="pad")
+    src = patcher.to_grain()
+    batches = BatchSource(src, 4, seed=3)
+    pipeline = batches.dataset().to_iter_dataset()
+    options = grain.MultiprocessingOptions(num_workers=2)
+    got = [
+        {key: np.array(value) for key, value in batch.items()}  # before its memory is reused
+        for batch in pipeline.mp_prefetch(options)
+    ]
+    want = expected_batches(src, batches)
+    assert len(got) == len(want)
+    for batch, expected in zip(got, want):
+        assert_same(batch, expected)
+    inside = [b for b in (batches[k] for k in range(len(batches))) if (b["weights"] > 0).all()]
+    assert inside and all(b["weights"].strides[0] == 0 for b in inside)
+
+
 class InlinePool:
     """Runs what is submitted at once, on the submitting thread: a deterministic order."""
 
