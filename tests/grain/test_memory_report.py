@@ -46,8 +46,8 @@ def test_the_working_set_bounds_the_measured_peak(image, chunks, monkeypatch):
     # The bound holds while reads make progress. A read held back for JUMP_SECONDS with
     # nothing behind it in flight starts the pass again where it is (and one held for
     # MAX_WAIT_SECONDS goes on): liveness over memory. On a loaded CI machine a thread
-    # went unscheduled that long once (540,672 bytes held against 526,336); both set to
-    # 0 here, every epoch held more. Pinned far out, the test checks the plan alone.
+    # went unscheduled that long once (540,672 bytes held against 526,336); with either
+    # set to 0, every epoch held more. Pinned far out, the test checks the plan alone.
     monkeypatch.setattr(readahead, "JUMP_SECONDS", 30.0)
     monkeypatch.setattr(readahead, "MAX_WAIT_SECONDS", 60.0)
     floor = image.patch(y=64, x=64, stride=48).to_grain().memory_report().floor_bytes

@@ -10,7 +10,7 @@ Three habits of glibc's ``malloc`` cost a reading or writing process memory or t
   MiB with glibc's default arenas and 237-292 MiB with two, at the same speed. One
   heap per four cores (one on 2 cores) took 12-13 MiB more off the same epoch
   (197 against 209 MiB from a local folder, 204 against 217 on S3, medians of 3-4),
-  and 23-27 MiB off xpatch's 1 GiB sweep, at the same speed: the blocks are few and
+  and 22-27 MiB off xpatch's 1 GiB sweep, at the same speed: the blocks are few and
   large (a handful per chunk), so threads seldom wait for the heap's lock.
 - Its threshold for mapping a large block sits wherever the largest freed block
   put it (up to 32 MiB), so blocks of a few MiB come from those heaps too

@@ -756,7 +756,7 @@ class _PatchGather:
         if inside.all():
             return np.broadcast_to(window, (b, *window.shape))
         # Past the edge: the window broadcast, then each such patch's zeros.
-        weights = np.repeat(self.reader.window[None], b, axis=0)
+        weights = np.repeat(window[None], b, axis=0)
         for row in np.flatnonzero(~inside).tolist():
             anchor = tuple(self.read_anchors[positions[row]].tolist())
             weights[row] = self.reader.weights(anchor)
