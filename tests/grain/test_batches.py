@@ -8,6 +8,7 @@ worker processes) it resumes exactly from a checkpoint.
 from __future__ import annotations
 
 import pickle
+import threading
 import time
 
 import numpy as np
@@ -172,6 +173,32 @@ def waiting_batches(monkeypatch, side: int, chunk: int, patch: int, batch_size: 
     values = np.random.default_rng(0).normal(size=(side, side)).astype("f4")
     src = xr.DataArray(values, dims=("y", "x")).chunk(chunk).patch(y=patch, x=patch)
     return BatchSource(src.to_grain(), batch_size, seed=1)
+
+
+def test_a_state_restored_early_in_an_epoch_starts_there_at_once(monkeypatch):
+    # Restored at batch 5, Grain asks for batches 5, 6, ... only. The sweep starts an
+    # epoch at batch 0 when a batch among its first 16 comes first (Grain's threads ask
+    # for those in any order): it waited for batches nobody asks for, MAX_WAIT_SECONDS
+    # (2 s) at every such resume. Here that wait is 60 s: the thread would still run.
+    def fresh():
+        return waiting_batches(monkeypatch, side=512, chunk=64, patch=32, batch_size=16)
+
+    every = indices(fresh().dataset().to_iter_dataset())
+    iterator = iter(fresh().dataset().to_iter_dataset())
+    head = indices(iterator, count=5)
+    state = iterator.get_state()
+    iterator.close()
+    batches = fresh()  # as in a new process
+    restored = iter(batches.dataset().to_iter_dataset())
+    restored.set_state(state)
+    rest: list = []
+    thread = threading.Thread(target=lambda: rest.extend(indices(restored)), daemon=True)
+    thread.start()
+    thread.join(timeout=30)
+    assert not thread.is_alive()
+    assert head + rest == every
+    src = batches.source
+    assert src.cache_stats().loads <= src.chunk_count
 
 
 def test_a_batch_asked_second_from_far_ahead_waits_for_the_sweep(monkeypatch):

@@ -55,8 +55,13 @@ STEP_SIGHTINGS = 8
 #: first batch: Grain's 16 read threads start batches 0 to 15 in any order. Started
 #: at batch 14, the sweep let go of chunks batches 0 to 13 still needed (2.26 loads
 #: per chunk in one epoch of the 1 GiB zarr with 20 ms per read). A state restored at
-#: one of those batches waits MAX_WAIT_SECONDS once for the batches before it.
+#: one of those batches starts there after START_GRACE_SECONDS.
 FIRST_BATCHES = 16
+#: An epoch started at its first batch whose first batches are still not asked for this
+#: long after it began was restored further on (Grain asks for batches k, k + 1, ...):
+#: its sweep starts at the first batch asked for. Grain's threads ask for the first 16
+#: within milliseconds; one asked later still moves the sweep back.
+START_GRACE_SECONDS = 0.25
 
 #: Patches of one chunk in a batch from which one vectorized gather beats a slice copy
 #: each (a window view and a fancy index cost about as much as 8 slice copies).
@@ -428,6 +433,8 @@ class _Releases:
         self.epoch = -1
         self.low = 0
         self.done: set[int] = set()
+        #: The first batch of the epoch asked for so far, and when the epoch began.
+        self.lowest_asked, self.epoch_started = 0, 0.0
         self.plan: tuple[np.ndarray, ...] = ()
         self.retired = np.zeros(self.chunk_count, dtype=bool)
         self.next_retire = self.next_shrink = 0
@@ -482,6 +489,8 @@ class _Releases:
                 if self.first_uses_workers:
                     ahead_from = int(np.searchsorted(self.first_uses[1], k))
                     self.next_ahead = min(self.next_ahead, ahead_from)
+            if epoch == self.epoch:
+                self.lowest_asked = min(self.lowest_asked, k)
             started, low = time.monotonic(), self.low
             self.waiting += 1
             # A batch asked alone (nothing of this process in flight or waiting) passes:
@@ -495,6 +504,11 @@ class _Releases:
             ):
                 if self.low != low:  # progress: the bound holds memory, it never stalls
                     started, low = time.monotonic(), self.low
+                elif self._restored_further_on():
+                    self.low = self.lowest_asked
+                    self._advance_low()
+                    self.moved.notify_all()
+                    continue
                 elif time.monotonic() - started > MAX_WAIT_SECONDS and not self.running:
                     # Nobody serves the batches behind (another process's, or a state
                     # restored further on): this one starts the count again. Not while
@@ -507,6 +521,15 @@ class _Releases:
             self.running += 1
             if epoch == self.epoch:
                 self.frontier = max(self.frontier, k)
+
+    def _restored_further_on(self) -> bool:
+        # Under the lock: no batch between the sweep's mark and the first one asked for
+        # was asked for since the epoch began, nothing runs, and the grace is over.
+        return (
+            self.low < self.lowest_asked
+            and not self.running
+            and time.monotonic() - self.epoch_started > START_GRACE_SECONDS
+        )
 
     def _start(self, epoch: int, k: int) -> None:
         # Batches before the first one asked for are taken as served (a restored state).
@@ -527,6 +550,7 @@ class _Releases:
         by_whole = np.argsort(whole, kind="stable")
         self.plan = (by_last, last[by_last], by_whole, whole[by_whole])
         self.epoch, self.low, self.done = epoch, k, set()
+        self.lowest_asked, self.epoch_started = len(batches), time.monotonic()
         self.moved.notify_all()
         self.retired[:] = False
         self.next_retire = int(np.searchsorted(self.plan[1], 0))
