@@ -37,6 +37,8 @@ import ctypes
 import functools
 import os
 
+from xpatch.core.cores import worker_count
+
 #: ``mallopt`` parameters (glibc's malloc.h).
 M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
@@ -81,8 +83,7 @@ def default_arenas() -> int:
     >>> default_arenas() >= 1
     True
     """
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(int(cores or 1) // 4, 1)
+    return max(worker_count() // 4, 1)
 
 
 def reuse_freed_blocks(retained: int) -> bool:

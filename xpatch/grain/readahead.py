@@ -20,7 +20,6 @@ wrong.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -28,6 +27,7 @@ from typing import Protocol
 
 import numpy as np
 
+from xpatch.core.cores import worker_count
 from xpatch.core.sweep import chunk_uses, key_chunks
 from xpatch.grain.store_wait import store_wait
 from xpatch.grain.threads import IdlePool, closing
@@ -50,10 +50,7 @@ def max_reads() -> int:
     Grain's ``ReadOptions`` default to 16 threads whatever the cores; decoding is
     bound by the cores, so more loads at once only hold more chunks in memory.
     """
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not on Linux
-        return max(1, os.cpu_count() or 1)
+    return worker_count()
 
 
 def sweep_spread(patch_count: int, chunk_count: int, reads: int | None = None) -> int:

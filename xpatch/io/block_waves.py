@@ -33,8 +33,8 @@ from dask.core import get_dependencies
 from dask.optimization import cull
 from dask.threaded import get as threaded_get
 
-from xpatch.core.blend.overlap_add import worker_count
 from xpatch.core.chunk_cache import nbytes_of
+from xpatch.core.cores import worker_count
 from xpatch.core.malloc import map_large_blocks, trim
 from xpatch.io.spill_folders import LockedFolder
 

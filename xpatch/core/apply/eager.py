@@ -24,7 +24,8 @@ from xpatch.core.blend.batch_blend import (
     batch_kernel,
     blend_as_they_come,
 )
-from xpatch.core.blend.overlap_add import overlap_add_groups, worker_count
+from xpatch.core.blend.overlap_add import overlap_add_groups
+from xpatch.core.cores import worker_count
 from xpatch.core.extract import (
     extract_numpy,
 )

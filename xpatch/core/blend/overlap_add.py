@@ -17,7 +17,6 @@ weight); cells that no valid value reaches are NaN.
 from __future__ import annotations
 
 import itertools
-import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
@@ -30,6 +29,7 @@ from xpatch.core.blend.placement import Landing, place_patches
 from xpatch.core.blend.reductions import Reduction, ReductionName, as_reduction
 from xpatch.core.blend.sums import narrowed
 from xpatch.core.blend.weighted import weigher
+from xpatch.core.cores import worker_count
 from xpatch.core.windows import BlendWindow
 
 
@@ -119,14 +119,6 @@ def on_lattice(
 
 #: Below this many prediction bytes the eager path stays on one thread.
 PARALLEL_BYTES = 8 * 2**20
-
-
-def worker_count() -> int:
-    """Return the number of cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 def overlap_add(
