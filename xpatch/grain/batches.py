@@ -31,7 +31,7 @@ from xpatch.core.errors import OptionError
 from xpatch.core.shuffle import check_count, check_seed
 from xpatch.core.sweep import key_chunks, sweep_ranks
 from xpatch.grain.base import Source, mark_absl_flags_parsed, require_grain
-from xpatch.grain.readahead import MAX_LATE_PER_AHEAD, LateReads, max_reads, read_ahead_timed
+from xpatch.grain.readahead import LateReads, loads_at_once, max_reads, read_ahead_timed
 from xpatch.grain.reader import PatchReader, VariablePlan
 from xpatch.grain.source import PatchSource
 from xpatch.grain.threads import IdlePool, closing
@@ -450,7 +450,7 @@ class _Releases:
         #: the newest batch started: a read ahead landing after it is late.
         self.first_use = np.empty(0, np.int64)
         self.frontier = -1
-        self.late = LateReads(ahead)
+        self.late = LateReads(ahead, loads_at_once(self.reads))
         self.pool: IdlePool | None = None
 
     def started(self, epoch: int, k: int) -> None:
@@ -599,7 +599,7 @@ class _Releases:
         if self.pool is None:
             with self.lock:
                 if self.pool is None:
-                    size = (1 + MAX_LATE_PER_AHEAD) * self.ahead
+                    size = self.ahead + self.late.most
                     self.pool = IdlePool(size, "xpatch-batch-ahead")
         for chunk in due.tolist():
             self.pool.submit(self._read, chunk)

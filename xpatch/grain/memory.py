@@ -19,7 +19,7 @@ import numpy as np
 
 from xpatch.core.errors import OptionError
 from xpatch.core.sweep import waiting_row
-from xpatch.grain.readahead import sweep_span
+from xpatch.grain.readahead import loads_at_once, patch_sources, sweep_span
 
 #: Chunks a sweep holds whole at the least besides the span of the positions in flight:
 #: the one mixed (``mix=1``), the one read ahead and the one landing in the cache.
@@ -160,18 +160,6 @@ def _size(nbytes: int) -> str:
     return f"{nbytes} B"
 
 
-def _patch_sources(reads: Any) -> list[Any]:
-    """Return the sources of patches whose readers ``reads`` drives (source, scenes, tree)."""
-    if hasattr(reads, "reader"):
-        return [reads]
-    sources = getattr(reads, "sources", None)
-    if isinstance(sources, dict):  # a tree: the sweep follows its reference node
-        return [sources[reads.reference]]
-    if isinstance(sources, tuple | list):
-        return list(sources)
-    return []
-
-
 def sweep_needs(reads: Any) -> SweepNeeds | None:
     """Return what a sweep over the chunks ``reads`` reads holds, or None if unknown.
 
@@ -180,7 +168,7 @@ def sweep_needs(reads: Any) -> SweepNeeds | None:
     or a tree source (the sweep follows its reference node). Nothing is read:
     the frames are measured on the anchors.
     """
-    sources = _patch_sources(reads)
+    sources = patch_sources(reads)
     if not sources:
         return None
     costs = [source.reader.sweep_costs() for source in sources]
@@ -243,8 +231,8 @@ def memory_report(
     elements = -(-len(source) // max(int(batch_size), 1))
     if item_bytes is None:
         item_bytes = _item_bytes(source) or _item_bytes(reads)
-    sources = _patch_sources(reads)
-    reads_at_once = max((s.reader.reads_at_once() for s in sources), default=0)
+    sources = patch_sources(reads)
+    reads_at_once = loads_at_once(reads) or 0
     chunk = max(needs.chunk_bytes, 1)
     return MemoryReport(
         chunk_bytes=needs.chunk_bytes,
