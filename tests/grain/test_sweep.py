@@ -532,7 +532,7 @@ def test_batches_asked_as_fast_as_a_slow_store_answers_get_reads_beyond_the_room
 
 def test_reads_ahead_sent_at_once_never_outnumber_the_readers_loads_at_once(tmp_path):
     # A read beyond the reader's gate waited there and could only land early and hold its
-    # chunk: on moto's S3 server 8-12 MiB more at the peak of an ERA5 epoch, no faster.
+    # chunk: on moto's S3 server 12-16 MiB more at the peak of an ERA5 epoch, no faster.
     batches, values, _ = slow_batches(tmp_path, 0.03)
     source = batches.source
     _, ahead = source.chunk_reads.sweep_settings(batches.mix, None)

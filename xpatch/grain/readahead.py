@@ -123,7 +123,7 @@ class LateReads:
     No more reads go out than the reader loads at once (``loads``): one beyond would
     wait at the reader's gate, and could only land early and hold its chunk. On
     moto's S3 server (8 loads at once, ``ahead`` 7 on insitubatch's ERA5 case) the
-    reads beyond the gate held 8-12 MiB more at the peak and made no epoch faster.
+    reads beyond the gate held 12-16 MiB more at the peak and made no epoch faster.
 
     Parameters
     ----------
