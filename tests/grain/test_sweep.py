@@ -530,14 +530,8 @@ def test_batches_asked_as_fast_as_a_slow_store_answers_get_reads_beyond_the_room
     assert store.most > ahead + 1
 
 
-def test_reads_ahead_sent_at_once_never_outnumber_the_readers_loads_at_once(tmp_path):
-    # A read beyond the reader's gate waited there and could only land early and hold its
-    # chunk: on moto's S3 server 12-16 MiB more at the peak of an ERA5 epoch, no faster.
-    batches, values, _ = slow_batches(tmp_path, 0.03)
-    source = batches.source
-    _, ahead = source.chunk_reads.sweep_settings(batches.mix, None)
-    assert ahead > 1
-    source.reader.max_reads = ahead + 1  # before the sweep and the first load start
+def count_reads_ahead(source) -> dict:
+    """Count ``source.read_ahead`` calls at once: ``sent["most"]`` is the most seen."""
     reading = threading.Lock()
     sent = {"now": 0, "most": 0}
     read_ahead = source.read_ahead
@@ -553,6 +547,44 @@ def test_reads_ahead_sent_at_once_never_outnumber_the_readers_loads_at_once(tmp_
                 sent["now"] -= 1
 
     source.read_ahead = counted
+    return sent
+
+
+def test_items_read_ahead_never_outnumber_the_readers_loads_at_once(tmp_path):
+    # The items sweep shares the bound with BatchSource (below).
+    from zarr.storage import LocalStore
+
+    values = np.random.default_rng(3).integers(0, 4000, (2, 128, 128)).astype("uint16")
+    xr.Dataset({"v": (("band", "y", "x"), values)}).to_zarr(
+        tmp_path / "s.zarr", encoding={"v": {"chunks": (2, 16, 16)}}, consolidated=False
+    )
+    slow = counting_latency_store(LocalStore(tmp_path / "s.zarr", read_only=True), 0.03)
+    chunk = 2 * 16 * 16 * 2
+    src = xr.open_zarr(slow, consolidated=False)["v"].patch(y=8, x=8, stride=8)
+    src = src.to_grain(cache_bytes=12 * chunk)  # 64 chunks
+    ahead = 3
+    src.reader.max_reads = ahead + 1  # before the sweep and the first load start
+    sent = count_reads_ahead(src)
+    dataset = src.chunk_shuffle(seed=2, read_ahead=ahead)
+    for i in range(len(dataset)):
+        item = dataset[i]
+        y, x = item["anchor"].tolist()
+        np.testing.assert_array_equal(item["data"], values[:, y : y + 8, x : x + 8])
+    assert 1 < sent["most"] <= ahead + 1
+    assert dataset._reading()._late.most == 1  # the one read the gate has room for
+    stats = src.cache_stats()
+    assert stats.loads == src.chunk_count and stats.evictions == 0
+
+
+def test_reads_ahead_sent_at_once_never_outnumber_the_readers_loads_at_once(tmp_path):
+    # A read beyond the reader's gate waited there and could only land early and hold its
+    # chunk: on moto's S3 server 12-16 MiB more at the peak of an ERA5 epoch, no faster.
+    batches, values, _ = slow_batches(tmp_path, 0.03)
+    source = batches.source
+    _, ahead = source.chunk_reads.sweep_settings(batches.mix, None)
+    assert ahead > 1
+    source.reader.max_reads = ahead + 1  # before the sweep and the first load start
+    sent = count_reads_ahead(source)
     for k in range(len(batches)):
         check_batch(batches, k, values)
     assert 1 < sent["most"] <= ahead + 1
