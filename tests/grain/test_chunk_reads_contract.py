@@ -77,6 +77,8 @@ def test_the_contract_names_the_members_the_pipelines_use():
         [
             "chunk_grids",
             "chunk_of_patch",
+            "fetch_chunk_bytes",
+            "fetch_depth",
             "read_ahead",
             "release",
             "set_sweep_direction",

@@ -31,7 +31,13 @@ from xpatch.core.errors import OptionError
 from xpatch.core.shuffle import check_count, check_seed
 from xpatch.core.sweep import key_chunks, sweep_ranks
 from xpatch.grain.base import Source, mark_absl_flags_parsed, require_grain
-from xpatch.grain.readahead import LateReads, loads_at_once, max_reads, read_ahead_timed
+from xpatch.grain.readahead import (
+    due_in_first_use_order,
+    fetch_chunks_bytes,
+    late_reads_of,
+    max_reads,
+    read_ahead_timed,
+)
 from xpatch.grain.reader import PatchReader, VariablePlan
 from xpatch.grain.source import PatchSource
 from xpatch.grain.threads import IdlePool, closing
@@ -445,12 +451,12 @@ class _Releases:
         self.ahead = ahead
         self.first_uses: tuple[np.ndarray, np.ndarray] = (np.empty(0, np.int64),) * 2
         self.first_uses_workers = 0
-        self.next_ahead = 0
+        self.next_ahead = self.next_fetch = 0
         #: Each chunk's first batch among this process's (``first_uses`` unsorted), and
         #: the newest batch started: a read ahead landing after it is late.
         self.first_use = np.empty(0, np.int64)
         self.frontier = -1
-        self.late = LateReads(ahead, loads_at_once(self.reads))
+        self.late = late_reads_of(self.reads, ahead)
         self.pool: IdlePool | None = None
 
     def started(self, epoch: int, k: int) -> None:
@@ -458,7 +464,7 @@ class _Releases:
         self._wait_turn(epoch, k)
         if self.ahead and not closing():
             with self.lock:
-                due = self._due_reads() if epoch == self.epoch else ()
+                due = self._due_reads() if epoch == self.epoch else None
             self._send(due)
 
     def _wait_turn(self, epoch: int, k: int) -> None:
@@ -489,6 +495,7 @@ class _Releases:
                 if self.first_uses_workers:
                     ahead_from = int(np.searchsorted(self.first_uses[1], k))
                     self.next_ahead = min(self.next_ahead, ahead_from)
+                    self.next_fetch = min(self.next_fetch, ahead_from)
             if epoch == self.epoch:
                 self.lowest_asked = min(self.lowest_asked, k)
             started, low = time.monotonic(), self.low
@@ -501,6 +508,7 @@ class _Releases:
                 epoch == self.epoch
                 and k >= self.low + self.spread * self.workers
                 and (self.running > 0 or self.waiting > 1)
+                and not closing()  # the batches behind may never be served
             ):
                 if self.low != low:  # progress: the bound holds memory, it never stalls
                     started, low = time.monotonic(), self.low
@@ -578,31 +586,34 @@ class _Releases:
         self.first_uses = (by_first[:kept], first[:kept])
         self.first_uses_workers = self.workers
         # Chunks first used before the oldest batch in flight are that batch's to read.
-        self.next_ahead = int(np.searchsorted(self.first_uses[1], self.low))
+        self.next_ahead = self.next_fetch = int(np.searchsorted(self.first_uses[1], self.low))
 
-    def _due_reads(self) -> np.ndarray:
-        """Return the chunks to read now: first used from the oldest batch in flight on."""
+    def _due_reads(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """Return the chunks to read now, and to fetch the bytes of (from the oldest batch on)."""
         if not self.step:  # one batch seen: whose the next ones are is not known yet
-            return np.empty(0, np.int64)
+            return None
         if self.first_uses_workers != self.workers:
             self._plan_reads_ahead()
         by_first, first = self.first_uses
         current = int(np.searchsorted(first, self.low))
-        stop = min(current + self.ahead + self.late.count, len(by_first))
-        due = by_first[self.next_ahead : stop]
-        self.next_ahead = max(self.next_ahead, stop)
-        return due
+        sent = (self.next_ahead, self.next_fetch)
+        due, fetches, sent = due_in_first_use_order(by_first, current, sent, self.late)
+        self.next_ahead, self.next_fetch = sent
+        return due, fetches
 
-    def _send(self, due: np.ndarray) -> None:
-        if not len(due):
+    def _send(self, due: tuple[np.ndarray, np.ndarray] | None) -> None:
+        if due is None:
             return
-        if self.pool is None:
-            with self.lock:
-                if self.pool is None:
-                    size = self.ahead + self.late.most
-                    self.pool = IdlePool(size, "xpatch-batch-ahead")
-        for chunk in due.tolist():
-            self.pool.submit(self._read, chunk)
+        reads, fetches = due
+        if len(reads):
+            if self.pool is None:
+                with self.lock:
+                    if self.pool is None:
+                        self.pool = IdlePool(self.late.read_threads, "xpatch-batch-ahead")
+            for chunk in reads.tolist():
+                self.pool.submit(self._read, chunk)
+        if len(fetches):
+            fetch_chunks_bytes(self.reads, fetches)
 
     def _read(self, chunk: int) -> None:
         timed = read_ahead_timed(self.reads, chunk, self.retired)
@@ -621,7 +632,7 @@ class _Releases:
                 return
             self.moved.notify_all()
             retire, shrink = self._let_go()
-            due = self._due_reads() if self.ahead and not closing() else ()
+            due = self._due_reads() if self.ahead and not closing() else None
         for chunk in shrink:
             self.reads.release(int(chunk), keep_frame=True)
         for chunk in retire:

@@ -84,6 +84,10 @@ class MemoryReport:
     item_bytes, batch_size, prefetch, queue_bytes
         Bytes of one item's data arrays, the batch size, Grain's prefetch buffer
         (elements of the pipeline: batches after ``.batch``) and what it holds full.
+    fetched_chunks, fetched_bytes
+        Chunks whose stored bytes are fetched ahead of the reads at most
+        (``src.reader.fetch_ahead_chunks``, from a store that keeps reads waiting),
+        and those bytes counted as decoded chunks: compressed, they take less.
     """
 
     chunk_bytes: int
@@ -103,12 +107,14 @@ class MemoryReport:
     batch_size: int
     prefetch: int
     queue_bytes: int
+    fetched_chunks: int = 0
+    fetched_bytes: int = 0
 
     @property
     def total_bytes(self) -> int:
-        """The cache's working set (within its limit), the loads in flight and the queue."""
+        """The cache's working set (within its limit), loads and fetches in flight, the queue."""
         cache = min(self.working_bytes, self.cache_bytes)
-        return cache + self.in_flight_bytes + self.queue_bytes
+        return cache + self.in_flight_bytes + self.fetched_bytes + self.queue_bytes
 
     @property
     def below_floor(self) -> bool:
@@ -137,12 +143,17 @@ class MemoryReport:
             ),
             ("reads in flight", self.in_flight_bytes, f"{self.reads_in_flight} loads at once"),
             (
+                "bytes fetched ahead",
+                self.fetched_bytes,
+                f"{self.fetched_chunks} chunks' stored bytes, counted as decoded",
+            ),
+            (
                 "batch queue",
                 self.queue_bytes,
                 f"up to {self.prefetch} elements (Grain's prefetch) of {self.batch_size} items "
                 f"of {_size(self.item_bytes)}",
             ),
-            ("total", self.total_bytes, "cache (within its limit) + in flight + queue"),
+            ("total", self.total_bytes, "cache (within its limit) + in flight + fetched + queue"),
         ]
         lines = ["MemoryReport (computed from the geometry, nothing read)"]
         lines += [f"  {name:<26} {_size(size):>10}  {note}" for name, size, note in rows]
@@ -233,6 +244,8 @@ def memory_report(
         item_bytes = _item_bytes(source) or _item_bytes(reads)
     sources = patch_sources(reads)
     reads_at_once = loads_at_once(reads) or 0
+    fetches = getattr(reads, "fetch_depth", None)
+    fetched = int(fetches()) if fetches is not None else 0
     chunk = max(needs.chunk_bytes, 1)
     return MemoryReport(
         chunk_bytes=needs.chunk_bytes,
@@ -252,6 +265,8 @@ def memory_report(
         batch_size=int(batch_size),
         prefetch=prefetch,
         queue_bytes=min(prefetch, elements) * int(batch_size) * int(item_bytes),
+        fetched_chunks=fetched,
+        fetched_bytes=fetched * needs.chunk_bytes,
     )
 
 

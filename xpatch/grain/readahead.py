@@ -7,11 +7,13 @@ loads the next chunks in background threads while the current ones are served
 soon as every position that needs it was read, so the cache holds what is in
 use, not what was used last.
 
-A read in flight holds no bytes until it lands. Where reads take long (an object
-store), more are sent than the cache keeps room for while they land after the
-sweep reached their chunks (:class:`LateReads`), so that they land about when the
-chunks kept for reads ahead are used, and the cache holds no more than it would on
-a fast disk.
+A read in flight holds no bytes until it lands. Where reads take long, the reads
+land after the sweep reached their chunks; then more go out (:class:`LateReads`).
+From a store that keeps reads waiting (an object store) these are fetches of the
+chunks' stored bytes, not reads: the bytes wait outside the cache, compressed, and
+a chunk is decoded into the cache only when the reads ahead reach it, so the cache
+holds no more than it would on a fast disk. From other stores (a folder, memory)
+more reads go out than the cache keeps room for.
 
 It only moves chunks in and out of the cache: a chunk dropped too early is read
 again by the patch that needs it (counted in the cache's loads), never served
@@ -101,8 +103,52 @@ def loads_at_once(reads: Any) -> int | None:
     return max(s.reader.reads_at_once() for s in sources) if sources else None
 
 
+def late_reads_of(chunk_reads: Any, ahead: int) -> LateReads:
+    """Return the :class:`LateReads` of a sweep over ``chunk_reads`` with room for ``ahead``.
+
+    It sends fetches of bytes, not reads, beyond the room when the source's store keeps
+    reads waiting and its reader fetches ahead (``chunk_reads.fetch_depth()``).
+    """
+    fetches = getattr(chunk_reads, "fetch_depth", None)
+    return LateReads(ahead, loads_at_once(chunk_reads), fetches() if fetches is not None else 0)
+
+
+def due_in_first_use_order(
+    by_first: np.ndarray, current: int, sent: tuple[int, int], late: LateReads
+) -> tuple[np.ndarray, np.ndarray, tuple[int, int]]:
+    """Return the chunks to read ahead now, those to fetch the bytes of, and what is sent.
+
+    ``by_first`` are the chunks in the order of their first use, the first ``current``
+    of them used already; ``sent`` counts those whose read, and whose fetch, went out
+    (a chunk read fetches its own bytes). Reads go up to ``late.ahead`` chunks ahead,
+    fetches up to ``late.count`` beyond (:meth:`LateReads.stops`).
+
+    Examples
+    --------
+    >>> late = LateReads(ahead=2, loads=8, fetching=4)
+    >>> late.count = 3
+    >>> due_in_first_use_order(np.arange(10), 1, (0, 0), late)
+    (array([0, 1, 2]), array([3, 4, 5]), (3, 6))
+    """
+    read_stop, fetch_stop = late.stops(current, len(by_first))
+    next_read, next_fetch = sent
+    due = by_first[next_read:read_stop]
+    next_read = max(next_read, read_stop)
+    fetches = by_first[max(next_fetch, next_read) : fetch_stop]
+    return due, fetches, (next_read, max(next_fetch, next_read, fetch_stop))
+
+
+def fetch_chunks_bytes(chunk_reads: Any, chunks: np.ndarray) -> None:
+    """Start fetching the stored bytes of ``chunks`` (they are decoded when read)."""
+    for chunk in chunks.tolist():
+        try:
+            chunk_reads.fetch_chunk_bytes(chunk)
+        except Exception:  # never raises: a fetch that cannot start is the read's to do
+            return
+
+
 class LateReads:
-    """How many reads go out beyond the room kept for reads ahead: more while they land late.
+    """How many reads (or fetches) go out beyond the room kept for reads ahead: more while late.
 
     A read ahead *lands late* when the sweep reached the chunk's first use while the
     read was still in flight. Each late landing whose wait for the store's bytes was
@@ -117,6 +163,16 @@ class LateReads:
     reads in flight set, so that count settled wherever it began: on
     ``benchmarks/bench_storage.py``'s 1 GiB zarr with 20 ms per read, 2-3 of the 4
     allowed, 3.9-4.6 s an epoch of ``BatchSource``; 3.1-3.4 s with 4.
+
+    With ``fetching`` (a count), what goes out beyond the room are fetches of the
+    chunks' stored bytes, not reads: up to ``fetching`` of them, so the cache holds no
+    chunk that is not within the room kept for it. The bytes are the chunk's as
+    stored (compressed), outside the cache's budget
+    (:func:`~xpatch.grain.memory.memory_report` states them). On
+    ``benchmarks/bench_storage.py``'s 1 GiB zarr with 20 ms per read, an epoch of
+    ``BatchSource`` was 1.8-2.0x zarr's concurrent read with reads beyond the room
+    (the room 4 chunks, a read in flight counted in it), 1.5-1.7x with up to 8
+    fetches beyond it.
 
     Not thread-safe: its owner calls it under its own lock.
 
@@ -133,6 +189,9 @@ class LateReads:
     loads
         Chunk loads the reader runs at once (:func:`loads_at_once`); None: no bound
         but ``MAX_LATE_PER_AHEAD * ahead``.
+    fetching
+        Fetches of stored bytes that go out beyond the room at most, instead of reads
+        (``Source.fetch_ahead``); 0: reads.
 
     Examples
     --------
@@ -150,11 +209,16 @@ class LateReads:
     2
     """
 
-    def __init__(self, ahead: int, loads: int | None = None) -> None:
-        self.most = MAX_LATE_PER_AHEAD * int(ahead) if ahead > 1 else 0
-        if loads is not None:
-            self.most = min(self.most, max(int(loads) - int(ahead), 0))
-        self.in_time_per_step = max(int(ahead), 1)
+    def __init__(self, ahead: int, loads: int | None = None, fetching: int = 0) -> None:
+        self.ahead = int(ahead)
+        self.fetching = int(fetching) > 0
+        if self.fetching:
+            self.most = int(fetching)
+        else:
+            self.most = MAX_LATE_PER_AHEAD * self.ahead if self.ahead > 1 else 0
+            if loads is not None:
+                self.most = min(self.most, max(int(loads) - self.ahead, 0))
+        self.in_time_per_step = max(self.ahead, 1)
         self.count = 0
         self._in_time = 0
 
@@ -171,6 +235,22 @@ class LateReads:
         if self._in_time >= self.in_time_per_step:
             self.count = max(self.count - 1, 0)
             self._in_time = 0
+
+    @property
+    def read_threads(self) -> int:
+        """Threads the reads ahead need at most: the room, and the reads beyond it."""
+        return self.ahead + (0 if self.fetching else self.most)
+
+    def stops(self, current: int, total: int) -> tuple[int, int]:
+        """Return where reads ahead stop, and fetches, in first-use order from ``current``.
+
+        >>> late = LateReads(ahead=4)
+        >>> late.count = 2
+        >>> late.stops(10, 100), LateReads(ahead=4, loads=8, fetching=8).stops(10, 12)
+        ((16, 16), (12, 12))
+        """
+        beyond = min(current + self.ahead + self.count, total)
+        return (min(current + self.ahead, total) if self.fetching else beyond), beyond
 
 
 def read_ahead_timed(
@@ -212,7 +292,7 @@ class ChunkReads(Protocol):
     :class:`~xpatch.tree.TreeSource`) is its own, a source whose items are built from
     another's (:class:`~xpatch.grain.base.WrappedSource`) hands the inner source's.
     The chunk-local orders (:mod:`xpatch.grain.datasets`, ``Source.chunk_shuffled_order``)
-    ask the first five; :class:`SweepReads` asks the last three. Chunks are named by
+    ask the first five; :class:`SweepReads` asks the last five. Chunks are named by
     global ids, the source's chunks numbered scene after scene.
     """
 
@@ -244,7 +324,15 @@ class ChunkReads(Protocol):
         ...
 
     def release(self, chunk: int, keep_frame: bool) -> None:
-        """Drop chunk ``chunk`` from the cache, keeping its frame or not."""
+        """Drop chunk ``chunk`` from the cache, keeping its frame or not (and its bytes fetched)."""
+        ...
+
+    def fetch_depth(self) -> int:
+        """Chunks whose stored bytes the sweep may fetch beyond its reads ahead (0: none)."""
+        ...
+
+    def fetch_chunk_bytes(self, chunk: int) -> None:
+        """Start fetching chunk ``chunk``'s stored bytes; its read decodes them."""
         ...
 
     def set_sweep_direction(self, reversed_axes: list[tuple[bool, ...]]) -> None:
@@ -306,13 +394,13 @@ class SweepReads:
         self._held: dict[tuple[int, int], threading.Condition] = {}
         self._in_flight: set[int] = set()
         self._pool: IdlePool | None = None
-        self._late = LateReads(self._ahead, loads_at_once(chunk_reads))
+        self._late = late_reads_of(chunk_reads, self._ahead)
         self._epoch = -1
         self._workers: set[int] = set()
         self._frontier = -1
         self._by_first = self._first = self._by_last = self._last = np.empty(0, np.int64)
         self._first_use = np.empty(0, np.int64)
-        self._next_ahead = self._next_retire = self._next_shrink = 0
+        self._next_ahead = self._next_retire = self._next_shrink = self._next_fetch = 0
         self._by_whole_last = self._whole_last = np.empty(0, np.int64)
         self._ranks = np.zeros(self._chunk_count, dtype=np.int64)
         self._retired = np.zeros(self._chunk_count, dtype=bool)
@@ -343,12 +431,14 @@ class SweepReads:
                 return  # another pass began while this read waited: it plans nothing
             self._in_flight.add(position)
             self._frontier = max(self._frontier, position)
-            load = self._due_reads() if self._ahead else ()
+            load, fetches = self._due_reads() if self._ahead else ((), ())
         if len(load):
             pool = self._thread_pool()
             for chunk in load:
                 # Never raises: a read ahead that cannot start is read by its patch.
                 pool.submit(self._read, int(chunk))
+        if len(fetches):
+            fetch_chunks_bytes(self._chunk_reads, fetches)
 
     def finished(self, index: int) -> None:
         """Element ``index`` was read: drop the chunks no position still to read needs."""
@@ -460,21 +550,23 @@ class SweepReads:
         self._by_whole_last, self._whole_last = _in_order_of(whole_last, whole_last >= 0)
         # Chunks first used before the frontier were read (or are being read) already.
         self._next_ahead = int(np.searchsorted(self._first, self._frontier, side="right"))
+        self._next_fetch = self._next_ahead
         self._next_retire = int(np.searchsorted(self._last, self._low))
         self._next_shrink = int(np.searchsorted(self._whole_last, self._low))
 
-    def _due_reads(self) -> np.ndarray:
+    def _due_reads(self) -> tuple[np.ndarray, np.ndarray]:
+        # The chunks to read ahead now, and those whose bytes to fetch.
         current = int(np.searchsorted(self._first, self._frontier, side="right"))
-        stop = min(current + self._ahead + self._late.count, len(self._first))
-        due = self._by_first[self._next_ahead : stop]
-        self._next_ahead = max(self._next_ahead, stop)
-        return due
+        sent = (self._next_ahead, self._next_fetch)
+        due, fetches, sent = due_in_first_use_order(self._by_first, current, sent, self._late)
+        self._next_ahead, self._next_fetch = sent
+        return due, fetches
 
     def _thread_pool(self) -> IdlePool:
         # Daemons that end when idle: a pipeline stopped early takes them with it.
         with self._lock:
             if self._pool is None:
-                self._pool = IdlePool(self._ahead + self._late.most, "xpatch-ahead")
+                self._pool = IdlePool(self._late.read_threads, "xpatch-ahead")
             return self._pool
 
     def _read(self, chunk: int) -> None:

@@ -179,6 +179,9 @@ class PatchReader:
         reuse_freed_blocks(self.cache_bytes)
         #: Chunk loads at once, whatever the caller's threads (None: :meth:`reads_at_once`).
         self.max_reads: int | None = None
+        #: Chunks whose stored bytes a sweep may fetch beyond those it reads ahead, from
+        #: a store that keeps reads waiting (:meth:`fetch_depth`); 0: none.
+        self.fetch_ahead_chunks = 0
         self._reads_gate: threading.BoundedSemaphore | None = None
         #: Cache keys are ``(prefix, block)`` under a prefix (a cache shared by scenes).
         self.prefix: int | None = None
@@ -213,7 +216,7 @@ class PatchReader:
     def __setstate__(self, state: dict) -> None:
         # Readers pickled before the in-order reads lack their (per-process) state.
         state = {"_last_position": -2, "_streak": 0, "_in_order": False, **state}
-        state = {"max_reads": None, **state, "_reads_gate": None}
+        state = {"max_reads": None, "fetch_ahead_chunks": 0, **state, "_reads_gate": None}
         bound_arenas()  # in each worker process, before its read threads start
         reuse_freed_blocks(state["cache_bytes"])
         state["pad_mode"] = axis_modes(state["pad_mode"], len(state["size"]))
@@ -272,9 +275,42 @@ class PatchReader:
             self.cache.get(self._key(block), load, ahead=True, wanted=wanted)
 
     def release(self, chunk: int, keep_frame: bool) -> None:
-        """Drop the chunk with flat index ``chunk``, keeping its frame or not (see the cache)."""
+        """Drop the chunk with flat index ``chunk``, keeping its frame or not (see the cache).
+
+        Its bytes fetched ahead and not decoded go too.
+        """
         if self.grid is not None:
-            self.cache.release(self._key(self.block_of(chunk)), keep_frame)
+            block = self.block_of(chunk)
+            self.cache.release(self._key(block), keep_frame)
+            for plan in self._fetching_plans():
+                plan.stored.forget(self._stored_index(plan, self.grid.region(block)))
+
+    def fetch_depth(self) -> int:
+        """Chunks whose stored bytes a sweep may fetch beyond those it reads ahead (0: none).
+
+        :attr:`fetch_ahead_chunks` when a variable's store keeps reads waiting (an
+        object store) and fetches a chunk's bytes apart from decoding them; else 0.
+        A sweep then fetches the bytes of the chunks after those it reads ahead
+        (:meth:`fetch_chunk_bytes`): they hold stored (compressed) bytes, outside
+        ``cache_bytes``, until the reads ahead decode them into the cache.
+        """
+        return int(self.fetch_ahead_chunks) if self._fetching_plans() else 0
+
+    def fetch_chunk_bytes(self, chunk: int) -> None:
+        """Start fetching the stored bytes of the chunk with flat index ``chunk`` (no decoding)."""
+        if self.grid is not None:
+            region = self.grid.region(self.block_of(chunk))
+            for plan in self._fetching_plans():
+                plan.stored.fetch_ahead(self._stored_index(plan, region))
+
+    def _fetching_plans(self) -> list[VariablePlan]:
+        return [
+            plan
+            for plan in self.plans
+            if plan.lazy
+            and getattr(plan.stored, "waits_on_store", False)
+            and hasattr(plan.stored, "fetch_ahead")
+        ]
 
     def sweep_costs(self) -> tuple[int, float]:
         """``(bytes of the largest chunk, bytes a waiting chunk keeps / its bytes)``.
@@ -557,10 +593,7 @@ class PatchReader:
         slices = [region[j] for j in plan.columns]
         try:
             if plan.stored is not None:
-                index = [slice(None)] * plan.var.ndim
-                for ax, sl in zip(plan.axes, slices):
-                    index[ax] = sl
-                value = np.asarray(plan.stored[tuple(index)])
+                value = np.asarray(plan.stored[self._stored_index(plan, region)])
             else:
                 value = read_region(plan.var.data, plan.axes, slices)
         except MemoryError:
@@ -572,6 +605,14 @@ class PatchReader:
         value = value.view()
         value.setflags(write=False)
         return value
+
+    @staticmethod
+    def _stored_index(plan: VariablePlan, region: Sequence[slice]) -> tuple[slice, ...]:
+        # The variable's slices of the region (a box over the patched axes), all of the rest.
+        index = [slice(None)] * plan.var.ndim
+        for ax, j in zip(plan.axes, plan.columns):
+            index[ax] = region[j]
+        return tuple(index)
 
     def frame_of(self, key: tuple, chunk: dict) -> list | None:
         """Return the frame to keep of the evicted chunk under cache key ``key``, or None."""

@@ -407,6 +407,14 @@ class PatchSource(Source):
         """Drop chunk ``chunk`` from this process's cache, keeping its frame or not."""
         self._reader.release(chunk, keep_frame)
 
+    def fetch_depth(self) -> int:
+        """Chunks whose stored bytes a sweep may fetch beyond its reads ahead (0: none)."""
+        return self._reader.fetch_depth()
+
+    def fetch_chunk_bytes(self, chunk: int) -> None:
+        """Start fetching the stored bytes of chunk ``chunk`` (decoded when it is read)."""
+        self._reader.fetch_chunk_bytes(chunk)
+
     def set_sweep_direction(self, reversed_axes: list[tuple[bool, ...]]) -> None:
         """Keep, of evicted chunks, the frame sides facing the chunks the sweep visits later."""
         self._reader.set_sweep_direction(reversed_axes[0])

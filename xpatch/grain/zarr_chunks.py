@@ -27,6 +27,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from itertools import product
 from typing import Literal, TypeVar
 
@@ -37,8 +38,12 @@ from xpatch.grain.object_store import object_store_of
 from xpatch.grain.store_wait import note_store_wait, store_wait
 from xpatch.grain.threads import IdlePool
 
-#: Threads that wait for an object store's bytes, the variables of a chunk side by side.
+#: Threads that wait for an object store's bytes, the variables of a chunk side by side;
+#: as many again fetch the bytes of chunks a sweep decodes next (``ZarrChunks.fetch_ahead``).
 FETCH_THREADS = 16
+#: Chunks of one array whose bytes are fetched ahead and not decoded yet, at most: a bound
+#: should fetches be left unclaimed (a sweep forgets those of the chunks it drops).
+MOST_FETCHED = 64
 
 _pools: dict[str, tuple[int, IdlePool]] = {}
 _pool_lock = threading.Lock()
@@ -53,15 +58,18 @@ class ChunkReadError(OSError):
     """
 
 
-def _process_pool(kind: Literal["decode", "fetch"]) -> IdlePool:
+def _process_pool(kind: Literal["decode", "fetch", "fetch ahead"]) -> IdlePool:
     # One per process: a pool inherited through fork has no threads behind it. Decoding
     # is work (as many threads as cores); fetching from an object store is waiting.
-    # Its threads end when idle: none outlives the pipeline that read through it.
+    # Fetches ahead have a pool of their own: a read waiting for one in the "fetch"
+    # pool must never wait behind itself. Its threads end when idle: none outlives the
+    # pipeline that read through it.
     with _pool_lock:
         held = _pools.get(kind)
         if held is None or held[0] != os.getpid():
             size = (os.cpu_count() or 1) if kind == "decode" else FETCH_THREADS
-            held = _pools[kind] = (os.getpid(), IdlePool(size, f"xpatch-{kind}"))
+            name = f"xpatch-{kind.replace(' ', '-')}"
+            held = _pools[kind] = (os.getpid(), IdlePool(size, name))
         return held[1]
 
 
@@ -172,6 +180,9 @@ class ZarrChunks:
         self._checked = False
         self._trusted = True
         self._lock = threading.Lock()
+        #: The stored bytes of chunks fetched ahead of their decoding, by chunk coordinates.
+        self._fetched: dict[tuple[int, ...], Future] = {}
+        self._fetch_lock = threading.Lock()
         #: Decoded chunks on local disk (``cache_dir=``), read before the store and
         #: written after it; None: every chunk comes from the store.
         self.disk: DiskChunks | None = None
@@ -212,14 +223,17 @@ class ZarrChunks:
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
-        del state["_lock"]
+        del state["_lock"], state["_fetch_lock"]
+        state["_fetched"] = {}  # fetches are this process's
         state["_specs"] = None
         state["_checked"] = False  # checked again in each process
         return state
 
     def __setstate__(self, state: dict) -> None:
+        state = {"_fetched": {}, **state}
         self.__dict__.update(state)
         self._lock = threading.Lock()
+        self._fetch_lock = threading.Lock()
 
     def __getitem__(self, index: Sequence[slice]) -> np.ndarray:
         index = tuple(index)
@@ -363,28 +377,83 @@ class ZarrChunks:
             return raw
         return None if fetched is None else prototype.buffer.from_bytes(fetched)
 
-    def _decoded(self, chunk_coords: tuple[int, ...]) -> np.ndarray:
+    def fetch_ahead(self, index: Sequence[slice]) -> None:
+        """Start fetching the stored bytes of the chunks ``index`` touches, to decode later.
+
+        Only from a store that keeps reads waiting (an object store): the bytes come on
+        threads of their own while the chunk's decoding waits its turn, and the chunk's
+        read (:meth:`__getitem__`) takes them. Chunks held on the disk cache, fetched
+        already, or beyond :data:`MOST_FETCHED` are left alone. What a read never takes
+        stays until :meth:`forget`.
+        """
+        if not self.waits_on_store or not self._trusted:
+            return
+        pool = _process_pool("fetch ahead")
+        for coords in self._chunk_coords(tuple(index)):
+            disk = self.disk
+            if disk is not None and disk.path(coords).exists():
+                continue
+            with self._fetch_lock:
+                if coords in self._fetched or len(self._fetched) >= MOST_FETCHED:
+                    continue
+                self._fetched[coords] = pool.submit(self._fetch, coords)
+
+    def forget(self, index: Sequence[slice]) -> None:
+        """Let go of the bytes fetched ahead of the chunks ``index`` touches: none is read now."""
+        if not self._fetched:
+            return
+        with self._fetch_lock:
+            dropped = [self._fetched.pop(c, None) for c in self._chunk_coords(tuple(index))]
+        for future in dropped:
+            if future is not None:
+                future.cancel()  # still queued: never fetched
+
+    def fetched_count(self) -> int:
+        """Chunks whose bytes were fetched ahead (or are being fetched) and not decoded yet."""
+        return len(self._fetched)
+
+    def _fetch(self, chunk_coords: tuple[int, ...]):
+        """Return the stored bytes of chunk ``chunk_coords`` (None: never written)."""
         from zarr.abc.store import SupportsGetSync
-        from zarr.core.codec_pipeline import fill_value_or_default
         from zarr.core.sync import sync
 
-        specs = self._chunk_specs()
-        prototype = specs[0].prototype
-        metadata = self.array.metadata
-        key = metadata.encode_chunk_key(chunk_coords)
+        prototype = self._chunk_specs()[0].prototype
+        key = self.array.metadata.encode_chunk_key(chunk_coords)
         store_path = self.array.store_path / key
-        where = f"chunk {key!r} (chunk {chunk_coords}) of the zarr array at {self.location}"
-        asked = time.monotonic()
         try:
             if isinstance(store_path.store, SupportsGetSync):  # a folder, memory
-                raw = store_path.get_sync(prototype=prototype)
-            elif self.object_store is not None:  # obstore, on this thread, lock released
-                raw = self._fetch_object(key, prototype)
-            else:  # an object store reads only on the event loop: the bytes come from there
-                raw = sync(store_path.get(prototype=prototype))
+                return store_path.get_sync(prototype=prototype)
+            if self.object_store is not None:  # obstore, on this thread, lock released
+                return self._fetch_object(key, prototype)
+            # An object store reads only on the event loop: the bytes come from there.
+            return sync(store_path.get(prototype=prototype))
         except Exception as error:
+            where = f"chunk {key!r} (chunk {chunk_coords}) of the zarr array at {self.location}"
             raise ChunkReadError(f"could not fetch {where}: {error_text(error)}") from error
+
+    def _stored_bytes(self, chunk_coords: tuple[int, ...]):
+        """Return chunk ``chunk_coords``'s stored bytes: fetched ahead if they were, else now."""
+        with self._fetch_lock:
+            fetched = self._fetched.pop(chunk_coords, None)
+        asked = time.monotonic()
+        raw = None
+        if fetched is not None:
+            try:
+                raw = fetched.result()
+            except Exception:  # fetched again here: its error is raised where the read is
+                fetched = None
+        if fetched is None:
+            raw = self._fetch(chunk_coords)
         note_store_wait(time.monotonic() - asked)
+        return raw
+
+    def _decoded(self, chunk_coords: tuple[int, ...]) -> np.ndarray:
+        from zarr.core.codec_pipeline import fill_value_or_default
+
+        specs = self._chunk_specs()
+        key = self.array.metadata.encode_chunk_key(chunk_coords)
+        where = f"chunk {key!r} (chunk {chunk_coords}) of the zarr array at {self.location}"
+        raw = self._stored_bytes(chunk_coords)
         if raw is None:  # never written: zarr's fill value
             values = np.full(self._chunk_shape, fill_value_or_default(specs[0]), self.dtype)
         else:

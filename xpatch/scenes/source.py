@@ -300,6 +300,15 @@ class SceneSource(Source):
         source, local = self._scene_of(chunk)
         source.release(local, keep_frame)
 
+    def fetch_depth(self) -> int:
+        """Chunks whose stored bytes a sweep may fetch ahead: the most of any scene's."""
+        return max((source.fetch_depth() for source in self._sources), default=0)
+
+    def fetch_chunk_bytes(self, chunk: int) -> None:
+        """Start fetching the stored bytes of global chunk ``chunk``."""
+        source, local = self._scene_of(chunk)
+        source.fetch_chunk_bytes(local)
+
     def set_sweep_direction(self, reversed_axes: list[tuple[bool, ...]]) -> None:
         """Keep, per scene, the frame sides facing the chunks the sweep visits later."""
         for source, axes in zip(self._sources, reversed_axes):

@@ -136,6 +136,14 @@ class TreeSource(Source):
         """Drop the reference node's chunk ``chunk``, keeping its frame or not."""
         self._sources[self._reference].release(chunk, keep_frame)
 
+    def fetch_depth(self) -> int:
+        """Chunks whose bytes a sweep may fetch ahead: the reference node's (it reads ahead)."""
+        return self._sources[self._reference].fetch_depth()
+
+    def fetch_chunk_bytes(self, chunk: int) -> None:
+        """Start fetching the stored bytes of the reference node's chunk ``chunk``."""
+        self._sources[self._reference].fetch_chunk_bytes(chunk)
+
     def set_sweep_direction(self, reversed_axes: list[tuple[bool, ...]]) -> None:
         """Face the reference node's sweep (the other nodes keep frames of both sides)."""
         self._sources[self._reference].set_sweep_direction(reversed_axes)
