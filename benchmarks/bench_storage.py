@@ -22,7 +22,8 @@ printed beside its target (nothing is asserted):
   (target >= 8; a global shuffle, computed on the same patches, about 16).
 - The same epochs (items and batches) over zarr's ``LatencyStore`` (20 ms per read) on
   the same zarr, against zarr reading every chunk with its own concurrency (target <= 1.3x),
-  without and with ``src.fetch_ahead(8)`` (stored bytes fetched beyond the reads ahead); and
+  and ``BatchSource`` without and with ``src.fetch_ahead(16)`` (stored bytes fetched
+  beyond the reads ahead), there and with 50 ms per read; and
   over a Dataset of the 4 bands as 4 variables (a zarr array each, the same chunks),
   whose variables are fetched side by side.
 - Two ``mp_prefetch`` workers: chunk loads summed over the workers, per chunk
@@ -63,8 +64,10 @@ PATCH, STRIDE = 256, 192
 BUDGET_SHARE = 0.05
 SMALL_BUDGET_SHARE = 0.03
 LATENCY = 0.02
-#: Chunks whose stored bytes the sweep fetches beyond its reads ahead, at 20 ms a read.
-FETCH_AHEAD = 8
+#: A read from a bucket in another region: where fetching bytes ahead pays.
+LONG_LATENCY = 0.05
+#: Chunks whose stored bytes the sweep fetches beyond its reads ahead (``src.fetch_ahead``).
+FETCH_AHEAD = 16
 BATCH = 16
 
 warnings.filterwarnings("ignore", message="Consolidated metadata is currently not part")
@@ -229,6 +232,21 @@ def print_sweep_epochs(src, baseline: float, budget: int, target: str = "") -> N
                 f"{epoch.loads:.2f} loads per chunk, peak {peak_text(epoch.stats.peak_bytes)} "
                 f"MiB of {budget / MiB:.1f}, {epoch.cores:.2f} cores busy"
             )
+
+
+def print_fetch_ahead(src, baseline: float, budget: int) -> None:
+    """Print ``BatchSource`` epochs (16 threads) without and with ``src.fetch_ahead``."""
+    for depth in (0, FETCH_AHEAD):
+        src.fetch_ahead(depth)
+        epoch = batches_epoch(src, 16)
+        more = src.memory_report().fetched_bytes
+        print(
+            f"  BatchSource epoch, 16 threads, fetch_ahead({depth}): {epoch.seconds:.2f} s = "
+            f"{epoch.seconds / baseline:.2f}x, {epoch.loads:.2f} loads per chunk, peak "
+            f"{peak_text(epoch.stats.peak_bytes)} MiB of {budget / MiB:.1f} (+ up to "
+            f"{more / MiB:.0f} MiB of bytes fetched ahead), {epoch.cores:.2f} cores busy"
+        )
+    src.fetch_ahead(0)
 
 
 def print_small_budget(image: xr.DataArray, budget: int) -> None:
@@ -421,12 +439,15 @@ def main() -> int:
         f"{concurrent:.2f} s, {cores:.2f} cores busy"
     )
     print_sweep_epochs(slow_src, concurrent, budget, "(target <= 1.3x)")
-    slow_src.fetch_ahead(FETCH_AHEAD)
+    print_fetch_ahead(slow_src, concurrent, budget)
+
+    slower = LatencyStore(LocalStore(path, read_only=True), get_latency=LONG_LATENCY)
+    concurrent, cores = concurrent_floor_seconds(zarr.open_array(slower, path="image", mode="r"))
     print(
-        f"  the same, src.fetch_ahead({FETCH_AHEAD}): stored bytes fetched beyond the reads "
-        f"ahead (up to {slow_src.memory_report().fetched_bytes / MiB:.0f} MiB more)"
+        f"\n{LONG_LATENCY * 1e3:.0f} ms per read: zarr's concurrent read of every chunk "
+        f"{concurrent:.2f} s, {cores:.2f} cores busy"
     )
-    print_sweep_epochs(slow_src, concurrent, budget, "(target <= 1.3x)")
+    print_fetch_ahead(source_of(open_image(slower), budget), concurrent, budget)
 
     variables_path = write_variables_zarr(
         args.data / f"bands-{sizes.rows}x{sizes.cols}.zarr", sizes.rows, sizes.cols

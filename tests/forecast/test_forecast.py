@@ -432,3 +432,29 @@ def test_forcings_come_at_the_targets_times_beside_the_inputs():
     assert "forcings" not in data.patch(time=Forecast(HISTORY, LEAD), lat=16).to_grain()[0]
     with pytest.raises(OptionError, match="forcing_variables"):
         data.patch(time=Forecast(HISTORY, LEAD, forcing_variables=["orography"]), lat=16)
+
+
+def test_forecast_samples_from_a_waiting_store_fetch_bytes_ahead_and_stay_exact(tmp_path):
+    from zarr.storage import LocalStore
+    from zarr.testing.store import LatencyStore
+
+    data = era5_like()
+    era5_like(tmp_path)  # written to tmp_path / "era5.zarr"
+    store = LatencyStore(LocalStore(tmp_path / "era5.zarr", read_only=True), get_latency=0.01)
+    lazy = xr.open_zarr(store, consolidated=False)
+    geometry = {"time": Forecast(inputs=HISTORY, targets=LEAD), "lat": 16, "lon": 32, "stride": 16}
+    src = lazy.patch(**geometry).to_grain()
+    src.fetch_ahead(8)
+    assert src.chunk_reads.fetch_depth() == 8
+    expected = data.patch(**geometry)
+    dataset = grain.MapDataset.source(src).pipe(src.chunk_shuffle, seed=3)
+    seen = []
+    for item in dataset.to_iter_dataset(grain.ReadOptions(num_threads=4)):
+        i = int(item["index"])
+        seen.append(i)
+        sample = expected[i]
+        for name, values in item["inputs"].items():
+            np.testing.assert_array_equal(values, sample["inputs"][name].values)
+        np.testing.assert_array_equal(item["targets"]["z500"], sample["targets"]["z500"].values)
+    assert sorted(seen) == list(range(len(src)))
+    assert src.cache_stats().loads == src.chunk_count

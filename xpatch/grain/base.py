@@ -245,12 +245,14 @@ class Source:
         the bytes of the chunks next in the sweep's order are fetched, compressed, on
         threads of their own, and decoded into the cache only when the reads ahead
         reach them, so the cache's budget holds decoded chunks and no waiting reads.
-        It goes as deep as reads land late, up to ``chunks``. They are memory beyond
-        ``cache_bytes``: :meth:`memory_report` states them. Stores read without a
-        wait (a local folder, memory) fetch nothing ahead. Default 0 (set before an
-        epoch starts: a running sweep keeps what it began with). On
-        ``benchmarks/bench_storage.py``'s 1 GiB zarr with 20 ms per read, 8 took an
-        epoch of ``BatchSource`` from 1.8-2.0x zarr's concurrent read to 1.5-1.7x.
+        The bytes are memory beyond ``cache_bytes``: :meth:`memory_report` states
+        them. Stores read without a wait (a local folder, memory) fetch nothing
+        ahead. Default 0 (set it before an epoch starts: a running sweep keeps what
+        it began with). On ``benchmarks/bench_storage.py --quick``'s zarr, 16 took an
+        epoch of ``BatchSource`` from 4.6x zarr's concurrent read to 1.75x at 20 ms a
+        read, from 5.6x to 1.14x at 50 ms; on its 1 GiB zarr at 20 ms, an epoch as
+        long as from the local folder. From moto's S3 server on the same two cores
+        (a few ms a read) it made no epoch faster and held more memory.
 
         Parameters
         ----------

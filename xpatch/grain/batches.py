@@ -462,7 +462,7 @@ class _Releases:
     def started(self, epoch: int, k: int) -> None:
         """Batch ``k`` of ``epoch`` is asked for: wait while it runs too far ahead, read ahead."""
         self._wait_turn(epoch, k)
-        if self.ahead and not closing():
+        if (self.ahead or self.late.fetching) and not closing():
             with self.lock:
                 due = self._due_reads() if epoch == self.epoch else None
             self._send(due)
@@ -632,7 +632,8 @@ class _Releases:
                 return
             self.moved.notify_all()
             retire, shrink = self._let_go()
-            due = self._due_reads() if self.ahead and not closing() else None
+            reading = self.ahead or self.late.fetching
+            due = self._due_reads() if reading and not closing() else None
         for chunk in shrink:
             self.reads.release(int(chunk), keep_frame=True)
         for chunk in retire:

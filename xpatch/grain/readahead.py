@@ -165,14 +165,14 @@ class LateReads:
     allowed, 3.9-4.6 s an epoch of ``BatchSource``; 3.1-3.4 s with 4.
 
     With ``fetching`` (a count), what goes out beyond the room are fetches of the
-    chunks' stored bytes, not reads: up to ``fetching`` of them, so the cache holds no
-    chunk that is not within the room kept for it. The bytes are the chunk's as
+    chunks' stored bytes, not reads: ``fetching`` of them, late or not, so the cache
+    holds no chunk that is not within the room kept for it (none at all, and only
+    fetches go out, when the budget leaves no room for reads ahead). The bytes are the chunk's as
     stored (compressed), outside the cache's budget
     (:func:`~xpatch.grain.memory.memory_report` states them). On
-    ``benchmarks/bench_storage.py``'s 1 GiB zarr with 20 ms per read, an epoch of
-    ``BatchSource`` was 1.8-2.0x zarr's concurrent read with reads beyond the room
-    (the room 4 chunks, a read in flight counted in it), 1.5-1.7x with up to 8
-    fetches beyond it.
+    ``benchmarks/bench_storage.py --quick``'s zarr, whose budget at the sweep's floor
+    leaves no room for reads ahead, 16 fetches took an epoch of ``BatchSource`` from
+    4.6x zarr's concurrent read to 1.75x at 20 ms per read, from 5.6x to 1.14x at 50 ms.
 
     Not thread-safe: its owner calls it under its own lock.
 
@@ -219,14 +219,20 @@ class LateReads:
             if loads is not None:
                 self.most = min(self.most, max(int(loads) - self.ahead, 0))
         self.in_time_per_step = max(self.ahead, 1)
-        self.count = 0
+        # Fetches go as deep as asked from the start: the bytes they hold are stated
+        # before reading, and a count grown from late reads grew none without room
+        # for reads ahead (a budget at the sweep's floor).
+        self.count = self.most if self.fetching else 0
         self._in_time = 0
 
     def landed(self, late: bool, waited: float, seconds: float) -> None:
         """Count a read ahead that landed after (``late``) or before its chunk's first use.
 
         ``waited`` is the part of its ``seconds`` spent waiting for the store's bytes.
+        Fetching, the count stays as asked.
         """
+        if self.fetching:
+            return
         if late and waited >= seconds - waited:
             self.count = min(self.count + 1, self.most)
             self._in_time = 0
@@ -431,7 +437,8 @@ class SweepReads:
                 return  # another pass began while this read waited: it plans nothing
             self._in_flight.add(position)
             self._frontier = max(self._frontier, position)
-            load, fetches = self._due_reads() if self._ahead else ((), ())
+            reading = self._ahead or self._late.fetching
+            load, fetches = self._due_reads() if reading else ((), ())
         if len(load):
             pool = self._thread_pool()
             for chunk in load:

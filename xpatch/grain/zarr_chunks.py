@@ -388,7 +388,6 @@ class ZarrChunks:
         """
         if not self.waits_on_store or not self._trusted:
             return
-        pool = _process_pool("fetch ahead")
         for coords in self._chunk_coords(tuple(index)):
             disk = self.disk
             if disk is not None and disk.path(coords).exists():
@@ -396,7 +395,22 @@ class ZarrChunks:
             with self._fetch_lock:
                 if coords in self._fetched or len(self._fetched) >= MOST_FETCHED:
                     continue
-                self._fetched[coords] = pool.submit(self._fetch, coords)
+                self._fetched[coords] = self._start_fetch(coords)
+
+    def _start_fetch(self, chunk_coords: tuple[int, ...]) -> Future:
+        # Through obstore, a thread waits with the interpreter lock released. A store
+        # that reads only on zarr's event loop gets the read as a task of that loop:
+        # a thread each, waiting on it, made each fetch hop between three threads.
+        if self.object_store is not None:
+            return _process_pool("fetch ahead").submit(self._fetch, chunk_coords)
+        import asyncio
+
+        from zarr.core.sync import _get_loop
+
+        prototype = self._chunk_specs()[0].prototype
+        key = self.array.metadata.encode_chunk_key(chunk_coords)
+        read = (self.array.store_path / key).get(prototype=prototype)
+        return asyncio.run_coroutine_threadsafe(read, _get_loop())
 
     def forget(self, index: Sequence[slice]) -> None:
         """Let go of the bytes fetched ahead of the chunks ``index`` touches: none is read now."""
