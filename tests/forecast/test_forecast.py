@@ -42,6 +42,20 @@ def era5_like(tmp_path=None) -> xr.Dataset:
     return xr.open_zarr(tmp_path / "era5.zarr", consolidated=False)
 
 
+def check_shuffled_epoch(src, expected, threads: int) -> list[int]:
+    """Check a chunk-shuffled epoch of ``src`` against ``expected``'s samples; the order seen."""
+    dataset = grain.MapDataset.source(src).pipe(src.chunk_shuffle, seed=3)
+    seen = []
+    for item in dataset.to_iter_dataset(grain.ReadOptions(num_threads=threads)):
+        i = int(item["index"])
+        seen.append(i)
+        sample = expected[i]
+        for name, values in item["inputs"].items():
+            np.testing.assert_array_equal(values, sample["inputs"][name].values)
+        np.testing.assert_array_equal(item["targets"]["z500"], sample["targets"]["z500"].values)
+    return seen
+
+
 def valid_origins(times: pd.DatetimeIndex, offsets) -> list[pd.Timestamp]:
     present = set(times)
     return [t for t in times if all(t + pd.Timedelta(o) in present for o in offsets)]
@@ -107,14 +121,7 @@ def test_a_chunk_shuffled_epoch_from_a_zarr_serves_every_sample_once_reading_eac
     fc = lazy.patch(time=Forecast(inputs=HISTORY, targets=LEAD), lat=16, lon=32, stride=16)
     src = fc.to_grain()
     expected = data.patch(time=Forecast(inputs=HISTORY, targets=LEAD), lat=16, lon=32, stride=16)
-    dataset = grain.MapDataset.source(src).pipe(src.chunk_shuffle, seed=3)
-    seen = []
-    for item in dataset.to_iter_dataset(grain.ReadOptions(num_threads=2)):
-        i = int(item["index"])
-        seen.append(i)
-        sample = expected[i]
-        np.testing.assert_array_equal(item["inputs"]["t2m"], sample["inputs"]["t2m"].values)
-        np.testing.assert_array_equal(item["targets"]["z500"], sample["targets"]["z500"].values)
+    seen = check_shuffled_epoch(src, expected, threads=2)
     assert sorted(seen) == list(range(len(src)))
     assert seen != sorted(seen)
     assert src.cache_stats().loads == src.chunk_count
@@ -446,15 +453,6 @@ def test_forecast_samples_from_a_waiting_store_fetch_bytes_ahead_and_stay_exact(
     src = lazy.patch(**geometry).to_grain()
     src.fetch_ahead(8)
     assert src.chunk_reads.fetch_depth() == 8
-    expected = data.patch(**geometry)
-    dataset = grain.MapDataset.source(src).pipe(src.chunk_shuffle, seed=3)
-    seen = []
-    for item in dataset.to_iter_dataset(grain.ReadOptions(num_threads=4)):
-        i = int(item["index"])
-        seen.append(i)
-        sample = expected[i]
-        for name, values in item["inputs"].items():
-            np.testing.assert_array_equal(values, sample["inputs"][name].values)
-        np.testing.assert_array_equal(item["targets"]["z500"], sample["targets"]["z500"].values)
+    seen = check_shuffled_epoch(src, data.patch(**geometry), threads=4)
     assert sorted(seen) == list(range(len(src)))
     assert src.cache_stats().loads == src.chunk_count

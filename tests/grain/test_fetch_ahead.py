@@ -20,9 +20,10 @@ from hypothesis import strategies as st
 import xpatch
 from tests.grain.test_sweep import (
     check_batch,
+    check_items,
     count_reads_ahead,
-    counting_latency_store,
     slow_batches,
+    slow_items_source,
 )
 from xpatch.grain.readahead import LateReads, due_in_first_use_order
 from xpatch.grain.zarr_chunks import ChunkReadError
@@ -56,25 +57,14 @@ def test_batches_fetch_bytes_beyond_the_room_and_decode_only_within_it(tmp_path)
 
 
 def test_items_sweep_fetches_bytes_ahead_exactly(tmp_path):
-    from zarr.storage import LocalStore
-
-    values = np.random.default_rng(4).integers(0, 4000, (2, 128, 128)).astype("uint16")
-    xr.Dataset({"v": (("band", "y", "x"), values)}).to_zarr(
-        tmp_path / "s.zarr", encoding={"v": {"chunks": (2, 16, 16)}}, consolidated=False
-    )
-    slow = counting_latency_store(LocalStore(tmp_path / "s.zarr", read_only=True), 0.03)
-    src = xr.open_zarr(slow, consolidated=False)["v"].patch(y=8, x=8, stride=8)
-    src = src.to_grain(cache_bytes=12 * 2 * 16 * 16 * 2)  # 64 chunks
+    src, values, store = slow_items_source(tmp_path, 0.03, seed=4)
     src.fetch_ahead(FETCHED)
     ahead = 3
     sent = count_reads_ahead(src)
     dataset = src.chunk_shuffle(seed=2, read_ahead=ahead)
-    for i in range(len(dataset)):
-        item = dataset[i]
-        y, x = item["anchor"].tolist()
-        np.testing.assert_array_equal(item["data"], values[:, y : y + 8, x : x + 8])
+    check_items(dataset, values)
     assert dataset._reading()._late.most == FETCHED
-    assert sent["most"] <= ahead + 1 < type(slow).most
+    assert sent["most"] <= ahead + 1 < store.most
     stats = src.cache_stats()
     assert stats.loads == src.chunk_count and stats.evictions == 0
     assert stored_chunks(src).fetched_count() == 0

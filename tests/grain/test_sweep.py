@@ -241,29 +241,39 @@ def counting_latency_store(store, seconds: float):
     return Counting(store, get_latency=seconds)
 
 
-def test_where_the_store_answers_late_more_reads_are_in_flight_than_the_cache_keeps_room_for(
-    tmp_path,
-):
+def slow_items_source(tmp_path, seconds: float, seed: int = 3):
+    """8x8 patches of a 64-chunk zarr on a store answering in ``seconds``; values, store class."""
     from zarr.storage import LocalStore
 
-    values = np.random.default_rng(3).integers(0, 4000, (2, 128, 128)).astype("uint16")
+    values = np.random.default_rng(seed).integers(0, 4000, (2, 128, 128)).astype("uint16")
     xr.Dataset({"v": (("band", "y", "x"), values)}).to_zarr(
         tmp_path / "s.zarr", encoding={"v": {"chunks": (2, 16, 16)}}, consolidated=False
     )
-    slow = counting_latency_store(LocalStore(tmp_path / "s.zarr", read_only=True), 0.03)
+    slow = counting_latency_store(LocalStore(tmp_path / "s.zarr", read_only=True), seconds)
     da_ = xr.open_zarr(slow, consolidated=False)["v"]
     chunk = 2 * 16 * 16 * 2
-    src = da_.patch(y=8, x=8, stride=8).to_grain(cache_bytes=12 * chunk)  # 64 chunks
-    ahead = 3
-    dataset = src.chunk_shuffle(seed=2, read_ahead=ahead)
+    src = da_.patch(y=8, x=8, stride=8).to_grain(cache_bytes=12 * chunk)
+    return src, values, type(slow)
+
+
+def check_items(dataset, values: np.ndarray) -> None:
+    """Every item of ``dataset`` (8x8 patches of ``values``), in order, equals its patch."""
     for i in range(len(dataset)):
         item = dataset[i]
         y, x = item["anchor"].tolist()
         np.testing.assert_array_equal(item["data"], values[:, y : y + 8, x : x + 8])
+
+
+def test_where_the_store_answers_late_more_reads_are_in_flight_than_the_cache_keeps_room_for(
+    tmp_path,
+):
+    src, values, store = slow_items_source(tmp_path, 0.03)
+    ahead = 3
+    check_items(src.chunk_shuffle(seed=2, read_ahead=ahead), values)
     stats = src.cache_stats()
     # Each read waits 30 ms: sent earlier, more are in flight than the 3 the cache
     # keeps room for (and the one this loop asks for), and none lands too early.
-    assert type(slow).most > ahead + 1
+    assert store.most > ahead + 1
     assert stats.loads == src.chunk_count and stats.evictions == 0
 
 
@@ -552,24 +562,12 @@ def count_reads_ahead(source) -> dict:
 
 def test_items_read_ahead_never_outnumber_the_readers_loads_at_once(tmp_path):
     # The items sweep shares the bound with BatchSource (below).
-    from zarr.storage import LocalStore
-
-    values = np.random.default_rng(3).integers(0, 4000, (2, 128, 128)).astype("uint16")
-    xr.Dataset({"v": (("band", "y", "x"), values)}).to_zarr(
-        tmp_path / "s.zarr", encoding={"v": {"chunks": (2, 16, 16)}}, consolidated=False
-    )
-    slow = counting_latency_store(LocalStore(tmp_path / "s.zarr", read_only=True), 0.03)
-    chunk = 2 * 16 * 16 * 2
-    src = xr.open_zarr(slow, consolidated=False)["v"].patch(y=8, x=8, stride=8)
-    src = src.to_grain(cache_bytes=12 * chunk)  # 64 chunks
+    src, values, _ = slow_items_source(tmp_path, 0.03)
     ahead = 3
     src.reader.max_reads = ahead + 1  # before the sweep and the first load start
     sent = count_reads_ahead(src)
     dataset = src.chunk_shuffle(seed=2, read_ahead=ahead)
-    for i in range(len(dataset)):
-        item = dataset[i]
-        y, x = item["anchor"].tolist()
-        np.testing.assert_array_equal(item["data"], values[:, y : y + 8, x : x + 8])
+    check_items(dataset, values)
     assert 1 < sent["most"] <= ahead + 1
     assert dataset._reading()._late.most == 1  # the one read the gate has room for
     stats = src.cache_stats()
