@@ -7,13 +7,14 @@ loads the next chunks in background threads while the current ones are served
 soon as every position that needs it was read, so the cache holds what is in
 use, not what was used last.
 
-A read in flight holds no bytes until it lands. Where reads take long, the reads
-land after the sweep reached their chunks; then more go out (:class:`LateReads`).
-From a store that keeps reads waiting (an object store) these are fetches of the
-chunks' stored bytes, not reads: the bytes wait outside the cache, compressed, and
-a chunk is decoded into the cache only when the reads ahead reach it, so the cache
-holds no more than it would on a fast disk. From other stores (a folder, memory)
-more reads go out than the cache keeps room for.
+A read in flight holds no bytes until it lands. Where reads take long (an object
+store), more are sent than the cache keeps room for while they land after the
+sweep reached their chunks (:class:`LateReads`), so that they land about when the
+chunks kept for reads ahead are used, and the cache holds no more than it would on
+a fast disk. With ``src.fetch_ahead(n)``, from a store that keeps reads waiting,
+``n`` fetches of the next chunks' stored bytes go out beyond the reads ahead
+instead: the bytes wait outside the cache, compressed, and a chunk is decoded into
+the cache only when the reads ahead reach it.
 
 It only moves chunks in and out of the cache: a chunk dropped too early is read
 again by the patch that needs it (counted in the cache's loads), never served
@@ -166,8 +167,8 @@ class LateReads:
 
     With ``fetching`` (a count), what goes out beyond the room are fetches of the
     chunks' stored bytes, not reads: ``fetching`` of them, late or not, so the cache
-    holds no chunk that is not within the room kept for it (none at all, and only
-    fetches go out, when the budget leaves no room for reads ahead). The bytes are the chunk's as
+    holds no chunk that is not within the room kept for it (and only fetches go out
+    when the budget leaves no room for reads ahead). The bytes are the chunk's as
     stored (compressed), outside the cache's budget
     (:func:`~xpatch.grain.memory.memory_report` states them). On
     ``benchmarks/bench_storage.py --quick``'s zarr, whose budget at the sweep's floor
