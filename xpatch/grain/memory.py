@@ -86,8 +86,8 @@ class MemoryReport:
         (elements of the pipeline: batches after ``.batch``) and what it holds full.
     fetched_chunks, fetched_bytes
         Chunks whose stored bytes are fetched ahead of the reads at most
-        (``src.reader.fetch_ahead_chunks``, from a store that keeps reads waiting),
-        and those bytes counted as decoded chunks: compressed, they take less.
+        (``src.fetch_ahead(n)``, from a store that keeps reads waiting), and those
+        bytes counted as decoded chunks: compressed, they take less.
     """
 
     chunk_bytes: int
