@@ -19,7 +19,7 @@ import numpy as np
 
 from xpatch.core.errors import OptionError
 from xpatch.core.sweep import waiting_row
-from xpatch.grain.readahead import loads_at_once, patch_sources, sweep_span
+from xpatch.grain.readahead import fetch_depth_of, loads_at_once, patch_sources, sweep_span
 
 #: Chunks a sweep holds whole at the least besides the span of the positions in flight:
 #: the one mixed (``mix=1``), the one read ahead and the one landing in the cache.
@@ -244,8 +244,7 @@ def memory_report(
         item_bytes = _item_bytes(source) or _item_bytes(reads)
     sources = patch_sources(reads)
     reads_at_once = loads_at_once(reads) or 0
-    fetches = getattr(reads, "fetch_depth", None)
-    fetched = int(fetches()) if fetches is not None else 0
+    fetched = fetch_depth_of(reads)
     chunk = max(needs.chunk_bytes, 1)
     return MemoryReport(
         chunk_bytes=needs.chunk_bytes,

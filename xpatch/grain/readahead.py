@@ -104,14 +104,19 @@ def loads_at_once(reads: Any) -> int | None:
     return max(s.reader.reads_at_once() for s in sources) if sources else None
 
 
+def fetch_depth_of(chunk_reads: Any) -> int:
+    """Return the chunks whose bytes a sweep over ``chunk_reads`` fetches ahead (0: none)."""
+    depth = getattr(chunk_reads, "fetch_depth", None)
+    return int(depth()) if depth is not None else 0
+
+
 def late_reads_of(chunk_reads: Any, ahead: int) -> LateReads:
     """Return the :class:`LateReads` of a sweep over ``chunk_reads`` with room for ``ahead``.
 
     It sends fetches of bytes, not reads, beyond the room when the source's store keeps
-    reads waiting and its reader fetches ahead (``chunk_reads.fetch_depth()``).
+    reads waiting and its reader fetches ahead (:func:`fetch_depth_of`).
     """
-    fetches = getattr(chunk_reads, "fetch_depth", None)
-    return LateReads(ahead, loads_at_once(chunk_reads), fetches() if fetches is not None else 0)
+    return LateReads(ahead, loads_at_once(chunk_reads), fetch_depth_of(chunk_reads))
 
 
 def due_in_first_use_order(
@@ -368,8 +373,7 @@ class SweepReads:
         (:meth:`ChunkReads.set_sweep_direction`).
     ahead
         How many chunks are read ahead of the newest position and may wait in the
-        cache for it; more are in flight where reads land late
-        (:func:`reads_landing_late`).
+        cache for it; more are in flight where reads land late (:class:`LateReads`).
     dealt
         ``(worker_count, batch_size)``: positions go to ``mp_prefetch`` workers by
         batch; a process reads ahead only for the workers whose positions it serves.

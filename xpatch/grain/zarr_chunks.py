@@ -409,9 +409,8 @@ class ZarrChunks:
             return _process_pool("fetch ahead").submit(self._fetch, chunk_coords)
         import asyncio
 
-        prototype = self._chunk_specs()[0].prototype
-        key = self.array.metadata.encode_chunk_key(chunk_coords)
-        read = (self.array.store_path / key).get(prototype=prototype)
+        _, store_path, prototype = self._stored_at(chunk_coords)
+        read = store_path.get(prototype=prototype)
         return asyncio.run_coroutine_threadsafe(read, _get_loop())
 
     def forget(self, index: Sequence[slice]) -> None:
@@ -428,14 +427,20 @@ class ZarrChunks:
         """Chunks whose bytes were fetched ahead (or are being fetched) and not decoded yet."""
         return len(self._fetched)
 
+    def _stored_at(self, chunk_coords: tuple[int, ...]) -> tuple[str, object, object]:
+        """Return chunk ``chunk_coords``'s key, its path in the store, and its buffer prototype."""
+        key = self.array.metadata.encode_chunk_key(chunk_coords)
+        return key, self.array.store_path / key, self._chunk_specs()[0].prototype
+
+    def _where(self, key: str, chunk_coords: tuple[int, ...]) -> str:
+        return f"chunk {key!r} (chunk {chunk_coords}) of the zarr array at {self.location}"
+
     def _fetch(self, chunk_coords: tuple[int, ...]):
         """Return the stored bytes of chunk ``chunk_coords`` (None: never written)."""
         from zarr.abc.store import SupportsGetSync
         from zarr.core.sync import sync
 
-        prototype = self._chunk_specs()[0].prototype
-        key = self.array.metadata.encode_chunk_key(chunk_coords)
-        store_path = self.array.store_path / key
+        key, store_path, prototype = self._stored_at(chunk_coords)
         try:
             if isinstance(store_path.store, SupportsGetSync):  # a folder, memory
                 return store_path.get_sync(prototype=prototype)
@@ -444,7 +449,7 @@ class ZarrChunks:
             # An object store reads only on the event loop: the bytes come from there.
             return sync(store_path.get(prototype=prototype))
         except Exception as error:
-            where = f"chunk {key!r} (chunk {chunk_coords}) of the zarr array at {self.location}"
+            where = self._where(key, chunk_coords)
             raise ChunkReadError(f"could not fetch {where}: {error_text(error)}") from error
 
     def _stored_bytes(self, chunk_coords: tuple[int, ...]):
@@ -452,14 +457,12 @@ class ZarrChunks:
         with self._fetch_lock:
             fetched = self._fetched.pop(chunk_coords, None)
         asked = time.monotonic()
-        raw = None
-        if fetched is not None:
-            try:
-                raw = fetched.result()
-            except Exception:  # fetched again here: its error is raised where the read is
-                fetched = None
-        if fetched is None:
-            raw = self._fetch(chunk_coords)
+        try:
+            raw = fetched.result() if fetched is not None else self._fetch(chunk_coords)
+        except Exception:
+            if fetched is None:
+                raise
+            raw = self._fetch(chunk_coords)  # a failed fetch ahead: its error is raised here
         note_store_wait(time.monotonic() - asked)
         return raw
 
@@ -467,8 +470,7 @@ class ZarrChunks:
         from zarr.core.codec_pipeline import fill_value_or_default
 
         specs = self._chunk_specs()
-        key = self.array.metadata.encode_chunk_key(chunk_coords)
-        where = f"chunk {key!r} (chunk {chunk_coords}) of the zarr array at {self.location}"
+        where = self._where(self.array.metadata.encode_chunk_key(chunk_coords), chunk_coords)
         raw = self._stored_bytes(chunk_coords)
         if raw is None:  # never written: zarr's fill value
             values = np.full(self._chunk_shape, fill_value_or_default(specs[0]), self.dtype)
