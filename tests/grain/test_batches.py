@@ -141,6 +141,52 @@ def test_patches_inside_a_chunk_are_gathered_not_read_one_by_one():
         assert_same(g, w)
 
 
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"stride": 6, "boundary": "pad"},
+        {"stride": 8, "halo": 1},
+        {"stride": 6, "halo": 1, "boundary": {"x": "periodic"}},
+    ],
+    ids=["pad", "halo", "periodic"],
+)
+def test_a_patch_read_into_given_arrays_equals_it_read_alone_and_is_written_there(options):
+    # Batches write straddling patches straight into their rows (no patch-sized copy
+    # between): the same values as a patch read on its own, edges and seams included.
+    src = scene().patch(y=8, x=8, **options).to_grain(weights=False)
+    reader = src.reader
+    anchors = src._layout.plan.anchors
+    straddling = [i for i in range(len(src)) if reader.alone_chunks()[i] < 0]
+    assert straddling
+    for position in range(len(src)):
+        anchor = tuple(int(a) for a in anchors[position])
+        alone = reader.read(position, anchor)
+        rows = {name: np.full_like(value, -7) for name, value in alone.items()}
+        got = reader.read(position, anchor, into=rows)
+        for name, value in alone.items():
+            assert got[name] is rows[name]
+            np.testing.assert_array_equal(rows[name], value, err_msg=f"{position} {name}")
+
+
+def test_straddling_patches_are_written_into_their_batch_rows(monkeypatch):
+    src = scene().patch(y=8, x=8, stride=6).to_grain(weights=False)
+    written = []
+    original = src.reader.read
+
+    def read(position, anchor, into=None):
+        if into is not None:
+            written.append(into)
+        return original(position, anchor, into=into)
+
+    monkeypatch.setattr(src.reader, "read", read)
+    batches = BatchSource(src, 8, seed=0)
+    got = [batches[k] for k in range(len(batches))]
+    assert written
+    assert all(any(np.shares_memory(rows["data"], b["data"]) for b in got) for rows in written)
+    for g, w in zip(got, expected_batches(src, batches)):
+        assert_same(g, w)
+
+
 def test_straddling_patches_read_each_chunk_once_through_grain_threads_in_a_small_cache():
     # 64 chunks of 64 KiB, a budget of 12 of them: Grain's 16 threads assembling 16
     # batches at once (8 or 9 chunks each) reloaded each chunk 6-8 times before the bound.

@@ -768,9 +768,8 @@ class _PatchGather:
                 self._gather_chunk(out, values, chunk_id, rows, positions[rows])
         for row in rest.tolist():
             position = int(positions[row])
-            item = reader.read(position, tuple(self.read_anchors[position].tolist()))
-            for plan in reader.plans:
-                out[str(plan.name)][row] = item[plan.name]
+            rows = {plan.name: out[str(plan.name)][row] for plan in reader.plans}
+            reader.read(position, tuple(self.read_anchors[position].tolist()), into=rows)
         if "weights" in first:
             out["weights"] = self._weights(positions)
         if "transform" in first:
