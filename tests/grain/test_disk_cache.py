@@ -318,7 +318,9 @@ def test_writers_killed_with_sigkill_leave_nothing_partial_to_serve(writers, sto
         t, y, x = src[i]["anchor"].tolist()
         np.testing.assert_array_equal(src[i]["data"], values[t : t + 1, y : y + 128, x : x + 128])
     stats = src.disk_cache_stats()["data"]
-    assert stats.rejected == 1 and stats.hits == len(finals) - 1
+    # The victim took one whole chunk's place, or (no writer got as far as a rename
+    # before its kill) a name of its own.
+    assert stats.rejected == 1 and stats.hits == max(len(finals) - 1, 0)
     assert len(set(store_reads)) == 8 - stats.hits
     # A temporary file an hour old is a dead writer's: removed when the folder is next used.
     for path in folder.glob(f"{TEMP_PREFIX}*"):
