@@ -155,7 +155,7 @@ def test_a_patch_read_into_given_arrays_equals_it_read_alone_and_is_written_ther
     # between): the same values as a patch read on its own, edges and seams included.
     src = scene().patch(y=8, x=8, **options).to_grain(weights=False)
     reader = src.reader
-    anchors = src._layout.plan.anchors
+    anchors = src.layout.plan.anchors
     straddling = [i for i in range(len(src)) if reader.alone_chunks()[i] < 0]
     assert straddling
     for position in range(len(src)):

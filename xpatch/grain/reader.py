@@ -410,11 +410,12 @@ class PatchReader:
         if flat >= 0:
             block = self._blocks[flat]
             chunk = self._chunk(block)
-            if into is None:
-                item = {plan.name: self._slice(plan, anchor, block, chunk) for plan in self.plans}
-            else:
-                item = {plan.name: into[plan.name] for plan in self.plans}
-                for plan in self.plans:
+            item = {}
+            for plan in self.plans:
+                if into is None:
+                    item[plan.name] = self._slice(plan, anchor, block, chunk)
+                else:
+                    item[plan.name] = into[plan.name]
                     item[plan.name][...] = self._window(plan, anchor, block, chunk)
         else:
             held: list[list] = []

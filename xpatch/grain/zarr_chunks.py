@@ -470,7 +470,6 @@ class ZarrChunks:
         from zarr.core.codec_pipeline import fill_value_or_default
 
         specs = self._chunk_specs()
-        where = self._where(self.array.metadata.encode_chunk_key(chunk_coords), chunk_coords)
         raw = self._stored_bytes(chunk_coords)
         if raw is None:  # never written: zarr's fill value
             values = np.full(self._chunk_shape, fill_value_or_default(specs[0]), self.dtype)
@@ -481,6 +480,9 @@ class ZarrChunks:
                     data = codec._decode_sync(data, spec)
                 values = data.as_numpy_array().view()
             except Exception as error:  # a damaged or truncated chunk, most likely
+                where = self._where(
+                    self.array.metadata.encode_chunk_key(chunk_coords), chunk_coords
+                )
                 raise ChunkReadError(
                     f"could not decode {where} ({len(raw)} bytes stored; damaged or "
                     f"truncated?): {error_text(error)}"
