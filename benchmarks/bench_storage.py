@@ -22,9 +22,10 @@ printed beside its target (nothing is asserted):
   (target >= 8; a global shuffle, computed on the same patches, about 16).
 - The same epochs (items and batches) over zarr's ``LatencyStore`` (20 ms per read) on
   the same zarr, against zarr reading every chunk with its own concurrency (target <= 1.3x),
-  and ``BatchSource`` without and with ``src.fetch_ahead(16)`` (stored bytes fetched
-  beyond the reads ahead; the faster of two epochs each, alternated, as the
-  baseline is the faster of two reads), there and with 50 ms per read; and
+  and ``BatchSource`` with ``src.fetch_ahead(0)``, ``("auto")`` (the default) and
+  ``(16)`` (stored bytes fetched beyond the reads ahead; the faster of two epochs
+  each, alternated, as the baseline is the faster of two reads), there and with 50 ms
+  per read; and
   over a Dataset of the 4 bands as 4 variables (a zarr array each, the same chunks),
   whose variables are fetched side by side.
 - Two ``mp_prefetch`` workers: chunk loads summed over the workers, per chunk
@@ -238,14 +239,14 @@ def print_sweep_epochs(src, baseline: float, budget: int, target: str = "") -> N
 
 
 def print_fetch_ahead(src, baseline: float, budget: int) -> None:
-    """Print ``BatchSource`` epochs (16 threads) without and with ``src.fetch_ahead``.
+    """Print ``BatchSource`` epochs (16 threads) with ``src.fetch_ahead`` 0, "auto" and n.
 
-    Each depth's epoch is the faster of two, the depths alternated (0, n, 0, n): the
-    baseline is the faster of two reads too, and one epoch of either depth ranged
-    over 2.2-2.7 s on this machine within minutes.
+    Each depth's epoch is the faster of two, the depths alternated (0, auto, n, 0,
+    auto, n): the baseline is the faster of two reads too, and one epoch of any depth
+    ranged over 2.2-2.7 s on this machine within minutes.
     """
-    best: dict[int, Epoch] = {}
-    for depth in (0, FETCH_AHEAD) * FETCH_AHEAD_ROUNDS:
+    best: dict[int | str, Epoch] = {}
+    for depth in (0, "auto", FETCH_AHEAD) * FETCH_AHEAD_ROUNDS:
         src.fetch_ahead(depth)
         epoch = batches_epoch(src, 16)
         if depth not in best or epoch.seconds < best[depth].seconds:
@@ -254,13 +255,13 @@ def print_fetch_ahead(src, baseline: float, budget: int) -> None:
         src.fetch_ahead(depth)
         more = src.memory_report().fetched_bytes
         print(
-            f"  BatchSource epoch, 16 threads, fetch_ahead({depth}), faster of "
+            f"  BatchSource epoch, 16 threads, fetch_ahead({depth!r}), faster of "
             f"{FETCH_AHEAD_ROUNDS}: {epoch.seconds:.2f} s = "
             f"{epoch.seconds / baseline:.2f}x, {epoch.loads:.2f} loads per chunk, peak "
             f"{peak_text(epoch.stats.peak_bytes)} MiB of {budget / MiB:.1f} (+ up to "
             f"{more / MiB:.0f} MiB of bytes fetched ahead), {epoch.cores:.2f} cores busy"
         )
-    src.fetch_ahead(0)
+    src.fetch_ahead("auto")
 
 
 def print_small_budget(image: xr.DataArray, budget: int) -> None:

@@ -4,7 +4,9 @@ From a store that keeps each read waiting, the bytes of the chunks next in the
 sweep's order are fetched on threads of their own and decoded into the cache only
 when the reads ahead reach them. Every case is checked exact against the stored
 values, with each chunk loaded once and nothing evicted, and nothing fetched is
-left behind at the end of the epoch.
+left behind at the end of the epoch. The default, ``"auto"``, sends as many as the
+store answers without queueing them (up to ``AUTO_FETCH_CHUNKS``): many to a store
+that only keeps reads waiting, few to one that serves them one at a time.
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ from tests.grain.test_sweep import (
     slow_batches,
     slow_items_source,
 )
-from xpatch.grain.readahead import LateReads, due_in_first_use_order
+from xpatch.grain.readahead import FEW_QUEUED, MANY_QUEUED, LateReads, due_in_first_use_order
+from xpatch.grain.reader import AUTO_FETCH_CHUNKS
+from xpatch.grain.store_wait import RoundTrips
 from xpatch.grain.zarr_chunks import ChunkReadError
 
 FETCHED = 8
@@ -83,9 +87,10 @@ def test_a_local_folder_fetches_nothing_ahead(tmp_path):
 
 
 def test_the_memory_report_states_the_bytes_fetched_ahead(tmp_path):
-    batches, _, _ = slow_batches(tmp_path, 0.0)
+    batches, _, _ = slow_batches(tmp_path, 0.0, fetch_ahead=0)
     source = batches.source
     before = source.memory_report()
+    assert before.fetched_chunks == 0
     source.fetch_ahead(FETCHED)
     report = source.memory_report()
     assert report.fetched_chunks == FETCHED
@@ -173,9 +178,11 @@ def test_a_failed_fetch_ahead_is_fetched_again_by_its_read_which_names_the_chunk
 def test_fetch_ahead_refuses_what_is_not_a_count():
     da_ = xr.DataArray(np.zeros((32, 32), "float32"), dims=("y", "x")).chunk(16)
     src = da_.patch(y=8, x=8).to_grain()
-    for bad in (-1, 2.5, True, "8"):
-        with pytest.raises(xpatch.OptionError, match=r"fetch_ahead\(chunks=.*int >= 0"):
+    for bad in (-1, 2.5, True, "8", "fast", None):
+        with pytest.raises(xpatch.OptionError, match=r"fetch_ahead\(chunks=.*int >= 0.*\"auto\""):
             src.fetch_ahead(bad)
+    src.fetch_ahead("auto")
+    assert src.reader.fetch_ahead_chunks == "auto"
 
 
 @settings(max_examples=200, deadline=None)
@@ -237,3 +244,152 @@ def test_scenes_fetch_ahead_in_every_scene_and_read_each_exactly(tmp_path):
         seen.add(int(item["index"]))
     assert seen == set(range(len(src)))
     assert src.cache_stats().loads == src.chunk_count
+
+
+def test_auto_is_the_default_and_the_report_states_its_ceiling(tmp_path):
+    source, _ = latency_source(tmp_path, 0.0)
+    assert source.reader.fetch_ahead_chunks == "auto"
+    report = source.memory_report()
+    assert report.fetched_chunks == AUTO_FETCH_CHUNKS
+    assert report.fetched_bytes == AUTO_FETCH_CHUNKS * report.chunk_bytes
+    copy = pickle.loads(pickle.dumps(source))
+    assert copy.reader.fetch_ahead_chunks == "auto"
+    assert copy.fetch_round_trips().landed == 0  # each process times its own fetches
+    np.testing.assert_array_equal(copy[0]["data"], source[0]["data"])
+    assert copy.fetch_round_trips().landed > 0
+    source.fetch_ahead(0)
+    assert source.memory_report().fetched_chunks == 0
+    assert source.fetch_round_trips() is None
+
+
+def test_a_datasets_variables_share_their_round_trips(tmp_path):
+    from zarr.storage import LocalStore
+    from zarr.testing.store import LatencyStore
+
+    values = np.arange(64 * 64, dtype="uint16").reshape(64, 64)
+    ds = xr.Dataset({"a": (("y", "x"), values), "b": (("y", "x"), values + 1)})
+    ds.to_zarr(
+        tmp_path / "s.zarr", encoding={v: {"chunks": (16, 16)} for v in ds}, consolidated=False
+    )
+    store = LatencyStore(LocalStore(tmp_path / "s.zarr", read_only=True), get_latency=0.0)
+    src = xr.open_zarr(store, consolidated=False).patch(y=16, x=16).to_grain()
+    trips = src.fetch_round_trips()
+    assert trips is not None
+    assert [plan.stored.round_trips for plan in src.reader.plans] == [trips, trips]
+    copy = pickle.loads(pickle.dumps(src))
+    copied = [plan.stored.round_trips for plan in copy.reader.plans]
+    assert copied[0] is copied[1] is copy.fetch_round_trips() and copied[0] is not trips
+
+
+@pytest.mark.parametrize("consumer", ["batches", "items"])
+def test_auto_fetches_up_to_its_ceiling_from_a_store_that_only_keeps_reads_waiting(
+    tmp_path, consumer
+):
+    if consumer == "batches":
+        batches, values, store = slow_batches(tmp_path, 0.03, fetch_ahead="auto")
+        source = batches.source
+        for k in range(len(batches)):
+            check_batch(batches, k, values)
+        late = batches._tracking().late
+        ahead = batches._tracking().ahead
+    else:
+        source, values, store = slow_items_source(tmp_path, 0.03, seed=4, fetch_ahead="auto")
+        ahead = 3
+        dataset = source.chunk_shuffle(seed=2, read_ahead=ahead)
+        check_items(dataset, values)
+        late = dataset._reading()._late
+    assert late.fetching and late.most == AUTO_FETCH_CHUNKS
+    # Each 30 ms fetch takes as long with more out: none queue, so more went out.
+    assert late.count > AUTO_FETCH_CHUNKS // 2
+    assert store.most > ahead + 1
+    stats = source.cache_stats()
+    assert stats.loads == source.chunk_count and stats.evictions == 0
+    assert stored_chunks(source).fetched_count() == 0
+
+
+def one_at_a_time_store(path, seconds: float):
+    """A zarr store over ``path`` that serves one read at a time, ``seconds`` each (a busy server).
+
+    Its class counts the reads out at once (``most``).
+    """
+    import asyncio
+
+    from zarr.storage import LocalStore
+    from zarr.testing.store import LatencyStore
+
+    class OneAtATime(LatencyStore):
+        in_flight = most = 0
+        serving: asyncio.Lock | None = None
+
+        async def get(self, *args, **kwargs):
+            cls = type(self)
+            cls.in_flight += 1
+            cls.most = max(cls.most, cls.in_flight)
+            if cls.serving is None:
+                cls.serving = asyncio.Lock()  # on zarr's one event loop
+            try:
+                async with cls.serving:
+                    return await super().get(*args, **kwargs)
+            finally:
+                cls.in_flight -= 1
+
+    return OneAtATime(LocalStore(path, read_only=True), get_latency=seconds)
+
+
+def test_auto_sends_few_fetches_to_a_store_that_serves_one_at_a_time(tmp_path):
+    values = np.random.default_rng(6).integers(0, 4000, (2, 128, 128)).astype("uint16")
+    xr.Dataset({"v": (("band", "y", "x"), values)}).to_zarr(
+        tmp_path / "s.zarr", encoding={"v": {"chunks": (2, 16, 16)}}, consolidated=False
+    )
+    store = one_at_a_time_store(tmp_path / "s.zarr", 0.005)
+    src = xr.open_zarr(store, consolidated=False)["v"].patch(y=8, x=8, stride=8)
+    src = src.to_grain(cache_bytes=24 * 2 * 16 * 16 * 2)
+    counts = []
+    follow = LateReads._follow_round_trips
+
+    def recorded(late):
+        follow(late)
+        counts.append(late.count)
+
+    from xpatch.grain import BatchSource
+
+    batches = BatchSource(src, 4, seed=2)
+    LateReads._follow_round_trips = recorded
+    try:
+        for k in range(len(batches)):
+            check_batch(batches, k, values)
+    finally:
+        LateReads._follow_round_trips = follow
+    late = batches._tracking().late
+    assert late.fetching and late.most == AUTO_FETCH_CHUNKS
+    # Fetches out queue behind each other: the count never climbs far, and falls back.
+    assert counts and max(counts) <= AUTO_FETCH_CHUNKS // 2
+    assert late.count <= 2
+    stats = src.cache_stats()
+    assert stats.loads == src.chunk_count and stats.evictions == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    most=st.integers(1, 16),
+    fetches=st.lists(
+        st.tuples(st.integers(1, 20), st.floats(0.001, 0.1), st.integers(1, 3)), max_size=40
+    ),
+)
+def test_the_auto_count_moves_one_step_per_fetch_landed_and_stays_within_its_ceiling(most, fetches):
+    trips = RoundTrips()
+    late = LateReads(ahead=2, loads=8, fetching=most, round_trips=trips)
+    assert late.count == 0  # grown from none: nothing is held before a fetch lands
+    for out, seconds, looks in fetches:
+        before = late.count
+        trips.timed(out, seconds)
+        for _ in range(looks):  # more looks than fetches landed move nothing more
+            late.stops(0, 100)
+        queued = trips.queued()
+        assert 0 <= late.count <= most
+        if queued < FEW_QUEUED:
+            assert late.count == min(before + 1, most)
+        elif queued > MANY_QUEUED:
+            assert late.count == max(before - 1, 0)
+        else:
+            assert late.count == before

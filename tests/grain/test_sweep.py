@@ -241,8 +241,12 @@ def counting_latency_store(store, seconds: float):
     return Counting(store, get_latency=seconds)
 
 
-def slow_items_source(tmp_path, seconds: float, seed: int = 3):
-    """8x8 patches of a 64-chunk zarr on a store answering in ``seconds``; values, store class."""
+def slow_items_source(tmp_path, seconds: float, seed: int = 3, fetch_ahead: int | str = 0):
+    """8x8 patches of a 64-chunk zarr on a store answering in ``seconds``; values, store class.
+
+    Nothing is fetched ahead unless ``fetch_ahead`` says (``src.fetch_ahead``): the reads
+    sent beyond the room are what these tests watch.
+    """
     from zarr.storage import LocalStore
 
     values = np.random.default_rng(seed).integers(0, 4000, (2, 128, 128)).astype("uint16")
@@ -253,6 +257,7 @@ def slow_items_source(tmp_path, seconds: float, seed: int = 3):
     da_ = xr.open_zarr(slow, consolidated=False)["v"]
     chunk = 2 * 16 * 16 * 2
     src = da_.patch(y=8, x=8, stride=8).to_grain(cache_bytes=12 * chunk)
+    src.fetch_ahead(fetch_ahead)
     return src, values, type(slow)
 
 
@@ -504,8 +509,11 @@ def test_reads_sent_beyond_the_room_stay_within_their_bound_and_follow_late_wait
     assert late.count == 0
 
 
-def slow_batches(tmp_path, seconds: float):
-    """A BatchSource over a 64-chunk zarr on a store answering in ``seconds``; values, store."""
+def slow_batches(tmp_path, seconds: float, fetch_ahead: int | str = 0):
+    """A BatchSource over a 64-chunk zarr on a store answering in ``seconds``; values, store.
+
+    Nothing is fetched ahead unless ``fetch_ahead`` says (as :func:`slow_items_source`).
+    """
     from zarr.storage import LocalStore
 
     from xpatch.grain import BatchSource
@@ -517,6 +525,7 @@ def slow_batches(tmp_path, seconds: float):
     slow = counting_latency_store(LocalStore(tmp_path / "s.zarr", read_only=True), seconds)
     src = xr.open_zarr(slow, consolidated=False)["v"].patch(y=8, x=8, stride=8)
     src = src.to_grain(cache_bytes=24 * 2 * 16 * 16 * 2)
+    src.fetch_ahead(fetch_ahead)
     return BatchSource(src, 4, seed=2), values, type(slow)
 
 

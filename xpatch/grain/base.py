@@ -31,7 +31,8 @@ from xpatch.core.errors import OptionError
 from xpatch.core.shuffle import check_count, check_seed, chunk_local_permutation
 from xpatch.core.sweep import sweep_permutation, sweep_ranks
 from xpatch.grain.memory import MemoryReport, memory_report
-from xpatch.grain.readahead import ChunkReads, patch_sources
+from xpatch.grain.readahead import ChunkReads, patch_sources, round_trips_of
+from xpatch.grain.store_wait import RoundTrips
 
 GRAIN_HINT = 'pip install "xarray-patch[grain]" (or pip install grain)'
 
@@ -238,7 +239,7 @@ class Source:
         """
         return memory_report(self, batch_size, read_options, item_bytes)
 
-    def fetch_ahead(self, chunks: int) -> None:
+    def fetch_ahead(self, chunks: int | Literal["auto"] = "auto") -> None:
         """Have a sweep fetch the stored bytes of up to ``chunks`` chunks beyond its reads ahead.
 
         For stores that keep each read waiting (an object store, tens of ms a read):
@@ -246,18 +247,26 @@ class Source:
         threads of their own, and decoded into the cache only when the reads ahead
         reach them, so the cache's budget holds decoded chunks and no waiting reads.
         The bytes are memory beyond ``cache_bytes``: :meth:`memory_report` states
-        them. Stores read without a wait (a local folder, memory) fetch nothing
-        ahead. Default 0 (set it before an epoch starts: a running sweep keeps what
-        it began with). On ``benchmarks/bench_storage.py --quick``'s zarr, 16 took an
-        epoch of ``BatchSource`` from 4.6x zarr's concurrent read to 1.75x at 20 ms a
-        read, from 5.6x to 1.14x at 50 ms; on its 1 GiB zarr at 20 ms, an epoch as
-        long as from the local folder. From moto's S3 server on the same two cores
-        (a few ms a read) it made no epoch faster and held more memory.
+        them (at most). Stores read without a wait (a local folder, memory) fetch
+        nothing ahead. Set it before an epoch starts: a running sweep keeps what it
+        began with.
+
+        The default, ``"auto"``, fetches up to 16 chunks' bytes ahead, as many as the
+        store answers without queueing them (TCP Vegas' rule on the fetches' round
+        trips: :class:`~xpatch.grain.store_wait.RoundTrips`): a far store that only
+        keeps reads waiting gets 16, a busy one few. On
+        ``benchmarks/bench_storage.py``'s 1 GiB zarr at 20 ms a read, fetching ahead
+        took an epoch of ``BatchSource`` from 1.6-1.9x zarr's concurrent read to
+        1.2-1.3x; from moto's S3 server on the same two cores (its bytes queue
+        behind the server's work) a fixed 4 or 16 made no epoch faster and held
+        10-25 MiB more: "auto" keeps it to a few there. An int fixes the count; 0
+        fetches nothing ahead.
 
         Parameters
         ----------
         chunks
-            Chunks whose stored bytes may be fetched beyond the reads ahead, >= 0.
+            Chunks whose stored bytes may be fetched beyond the reads ahead: an int
+            >= 0, or ``"auto"`` (up to 16, by the store's round trips).
 
         Examples
         --------
@@ -268,13 +277,17 @@ class Source:
         >>> src.memory_report().fetched_chunks  # in memory: nothing waits for its bytes
         0
         """
-        if isinstance(chunks, bool) or not isinstance(chunks, int | np.integer) or chunks < 0:
+        if chunks != "auto" and (
+            isinstance(chunks, bool) or not isinstance(chunks, int | np.integer) or chunks < 0
+        ):
             raise OptionError(
                 f"fetch_ahead(chunks={chunks!r}): chunks must be an int >= 0 (the chunks "
-                "whose stored bytes a sweep fetches beyond its reads ahead; 0: none)."
+                "whose stored bytes a sweep fetches beyond its reads ahead; 0: none) or "
+                '"auto" (the default: up to 16, as many as the store answers without '
+                "queueing them)."
             )
         for source in patch_sources(self.chunk_reads):
-            source.reader.fetch_ahead_chunks = int(chunks)
+            source.reader.fetch_ahead_chunks = chunks if chunks == "auto" else int(chunks)
 
     def chunk_shuffle(
         self,
@@ -523,6 +536,10 @@ class WrappedSource(Source):
     def fetch_depth(self) -> int:
         """Chunks whose bytes a sweep may fetch ahead (``chunk_reads.fetch_depth``)."""
         return self.chunk_reads.fetch_depth()
+
+    def fetch_round_trips(self) -> RoundTrips | None:
+        """Return the fetches that set how many go out ahead (``chunk_reads``')."""
+        return round_trips_of(self.chunk_reads)
 
     def fetch_chunk_bytes(self, chunk: int) -> None:
         """Fetch chunk ``chunk``'s stored bytes (``chunk_reads.fetch_chunk_bytes``)."""

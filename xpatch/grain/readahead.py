@@ -32,7 +32,7 @@ import numpy as np
 
 from xpatch.core.cores import worker_count
 from xpatch.core.sweep import chunk_uses, key_chunks
-from xpatch.grain.store_wait import store_wait
+from xpatch.grain.store_wait import RoundTrips, store_wait
 from xpatch.grain.threads import IdlePool, closing
 
 #: Positions behind a read, none of them in flight for this long, are read by nobody:
@@ -45,6 +45,11 @@ MAX_WAIT_SECONDS = 5.0
 #: 20 ms per read: 3 was no faster than 1, and when the pace changed its reads landed
 #: early enough to evict chunks still needed (1.01-1.03 loads per chunk, none with 1).
 MAX_LATE_PER_AHEAD = 1
+#: TCP Vegas' bounds (its alpha and beta) on the fetches out that queue rather than
+#: travel (:class:`~xpatch.grain.store_wait.RoundTrips`): below the first one more
+#: fetch goes out ahead, above the second one fewer.
+FEW_QUEUED = 2.0
+MANY_QUEUED = 4.0
 
 
 def max_reads() -> int:
@@ -110,13 +115,26 @@ def fetch_depth_of(chunk_reads: Any) -> int:
     return int(depth()) if depth is not None else 0
 
 
+def round_trips_of(chunk_reads: Any) -> RoundTrips | None:
+    """Return the fetches whose queueing sets how many a sweep sends ahead (None: fixed)."""
+    trips = getattr(chunk_reads, "fetch_round_trips", None)
+    return trips() if trips is not None else None
+
+
 def late_reads_of(chunk_reads: Any, ahead: int) -> LateReads:
     """Return the :class:`LateReads` of a sweep over ``chunk_reads`` with room for ``ahead``.
 
     It sends fetches of bytes, not reads, beyond the room when the source's store keeps
-    reads waiting and its reader fetches ahead (:func:`fetch_depth_of`).
+    reads waiting and its reader fetches ahead (:func:`fetch_depth_of`): as many as
+    asked, or, with ``fetch_ahead("auto")``, as many as the store answers without
+    queueing them (:func:`round_trips_of`).
     """
-    return LateReads(ahead, loads_at_once(chunk_reads), fetch_depth_of(chunk_reads))
+    return LateReads(
+        ahead,
+        loads_at_once(chunk_reads),
+        fetch_depth_of(chunk_reads),
+        round_trips_of(chunk_reads),
+    )
 
 
 def due_in_first_use_order(
@@ -180,6 +198,14 @@ class LateReads:
     leaves no room for reads ahead, 16 fetches took an epoch of ``BatchSource`` from
     4.6x zarr's concurrent read to 1.75x at 20 ms per read, from 5.6x to 1.14x at 50 ms.
 
+    With ``round_trips`` as well (``fetch_ahead("auto")``), ``fetching`` is a ceiling:
+    the count starts at 0 and, each time a fetch lands, goes one up while fewer than
+    :data:`FEW_QUEUED` of the fetches out queue, one down while more than
+    :data:`MANY_QUEUED` do (:class:`~xpatch.grain.store_wait.RoundTrips`). A store
+    that only keeps reads waiting gets fetches up to the ceiling; one that is busy
+    (moto's S3 server on the reader's two cores, where 4 and 16 fetches made no epoch
+    faster and held 10-25 MiB more) gets few.
+
     Not thread-safe: its owner calls it under its own lock.
 
     No more reads go out than the reader loads at once (``loads``): one beyond would
@@ -215,9 +241,17 @@ class LateReads:
     2
     """
 
-    def __init__(self, ahead: int, loads: int | None = None, fetching: int = 0) -> None:
+    def __init__(
+        self,
+        ahead: int,
+        loads: int | None = None,
+        fetching: int = 0,
+        round_trips: RoundTrips | None = None,
+    ) -> None:
         self.ahead = int(ahead)
         self.fetching = int(fetching) > 0
+        self.round_trips = round_trips if self.fetching else None
+        self._trips_seen = 0
         if self.fetching:
             self.most = int(fetching)
         else:
@@ -227,8 +261,9 @@ class LateReads:
         self.in_time_per_step = max(self.ahead, 1)
         # Fetches go as deep as asked from the start: the bytes they hold are stated
         # before reading, and a count grown from late reads grew none without room
-        # for reads ahead (a budget at the sweep's floor).
-        self.count = self.most if self.fetching else 0
+        # for reads ahead (a budget at the sweep's floor). Set by the store's round
+        # trips, they grow from none, as fetches land, read ahead or not.
+        self.count = self.most if self.fetching and self.round_trips is None else 0
         self._in_time = 0
 
     def landed(self, late: bool, waited: float, seconds: float) -> None:
@@ -261,8 +296,24 @@ class LateReads:
         >>> late.stops(10, 100), LateReads(ahead=4, loads=8, fetching=8).stops(10, 12)
         ((16, 16), (12, 12))
         """
+        if self.round_trips is not None:
+            self._follow_round_trips()
         beyond = min(current + self.ahead + self.count, total)
         return (min(current + self.ahead, total) if self.fetching else beyond), beyond
+
+    def _follow_round_trips(self) -> None:
+        # One step per fetch landed since the last look: a burst of looks moves nothing.
+        landed = self.round_trips.landed
+        if landed == self._trips_seen:
+            return
+        self._trips_seen = landed
+        queued = self.round_trips.queued()
+        if queued is None:
+            return
+        if queued < FEW_QUEUED:
+            self.count = min(self.count + 1, self.most)
+        elif queued > MANY_QUEUED:
+            self.count = max(self.count - 1, 0)
 
 
 def read_ahead_timed(

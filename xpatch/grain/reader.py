@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Hashable, Sequence
+from typing import Literal
 
 import numpy as np
 import xarray as xr
@@ -33,6 +34,7 @@ from xpatch.core.padding import PadMode, axis_modes, fill_padded
 from xpatch.core.plan import ChunkGrid
 from xpatch.core.sweep import chunk_uses
 from xpatch.grain.readahead import max_reads
+from xpatch.grain.store_wait import RoundTrips
 from xpatch.grain.zarr_chunks import (
     ChunkReadError,
     ZarrChunks,
@@ -56,6 +58,12 @@ RUN_SHARE_OF_CACHE = 0.25
 #: Loads at once from a store that keeps reads waiting (an object store, a slow
 #: disk) at least: waiting costs no core, and the sweep's late reads hide the wait.
 WAITING_READS = 8
+#: Chunks whose stored bytes ``fetch_ahead("auto")`` (the default) may fetch at most, from
+#: a store that keeps reads waiting. On ``benchmarks/bench_storage.py``'s 1 GiB zarr at
+#: 20 ms a read, 8 and 16 fixed fetches took an epoch of ``BatchSource`` from 3.0-3.1 s
+#: to 2.5-2.7 s; 50 ms a read takes 16 (Little's law: 2 cores decoding 1 MiB chunks in
+#: ~8 ms each keep ~12 fetches of 50 ms out).
+AUTO_FETCH_CHUNKS = 16
 
 #: Positions read one after another before the reader takes the reads to be in index
 #: order (a shuffled order, or Grain's threads, rarely give three in a row).
@@ -180,8 +188,9 @@ class PatchReader:
         #: Chunk loads at once, whatever the caller's threads (None: :meth:`reads_at_once`).
         self.max_reads: int | None = None
         #: Chunks whose stored bytes a sweep may fetch beyond those it reads ahead, from
-        #: a store that keeps reads waiting (:meth:`fetch_depth`); 0: none.
-        self.fetch_ahead_chunks = 0
+        #: a store that keeps reads waiting (:meth:`fetch_depth`); 0: none; "auto": up
+        #: to AUTO_FETCH_CHUNKS, as many as the store answers without queueing them.
+        self.fetch_ahead_chunks: int | Literal["auto"] = "auto"
         self._reads_gate: threading.BoundedSemaphore | None = None
         #: Cache keys are ``(prefix, block)`` under a prefix (a cache shared by scenes).
         self.prefix: int | None = None
@@ -198,6 +207,7 @@ class PatchReader:
         # short path (one cache lookup, one slice copy) found here for all at once.
         self._alone = np.full(len(anchors), -1, dtype=np.int64)
         self._blocks: list[tuple[int, ...]] = []
+        self.share_round_trips(RoundTrips())
         if grid is not None and len(anchors) and all(plan.lazy for plan in self.plans):
             touched = grid.touched_ids(anchors, size, self.pad_mode)
             inside = np.all(anchors >= 0, axis=1) & np.all(
@@ -216,7 +226,7 @@ class PatchReader:
     def __setstate__(self, state: dict) -> None:
         # Readers pickled before the in-order reads lack their (per-process) state.
         state = {"_last_position": -2, "_streak": 0, "_in_order": False, **state}
-        state = {"max_reads": None, "fetch_ahead_chunks": 0, **state, "_reads_gate": None}
+        state = {"max_reads": None, "fetch_ahead_chunks": "auto", **state, "_reads_gate": None}
         bound_arenas()  # in each worker process, before its read threads start
         reuse_freed_blocks(state["cache_bytes"])
         state["pad_mode"] = axis_modes(state["pad_mode"], len(state["size"]))
@@ -224,6 +234,15 @@ class PatchReader:
         state["_last_uses"] = state.get("_last_uses")
         self.__dict__.update(state)
         self.cache = ChunkCache(self.cache_bytes, self.frame_of if self.frames else None)
+
+    def share_round_trips(self, trips: RoundTrips) -> None:
+        """Time the fetches of every variable whose store keeps reads waiting in ``trips``.
+
+        Shared by the variables of a dataset (and the scenes of a list): they wait on
+        one store, and the fetches out are all of theirs.
+        """
+        for plan in self._fetching_plans():
+            plan.stored.round_trips = trips
 
     def share_cache(self, cache: ChunkCache, prefix: int) -> None:
         """Read through ``cache``, shared with other readers, under keys ``(prefix, block)``.
@@ -292,9 +311,26 @@ class PatchReader:
         object store) and fetches a chunk's bytes apart from decoding them; else 0.
         A sweep then fetches the bytes of the chunks after those it reads ahead
         (:meth:`fetch_chunk_bytes`): they hold stored (compressed) bytes, outside
-        ``cache_bytes``, until the reads ahead decode them into the cache.
+        ``cache_bytes``, until the reads ahead decode them into the cache. With
+        "auto", :data:`AUTO_FETCH_CHUNKS`: how many go out is then set as they land
+        (:meth:`fetch_round_trips`).
         """
-        return int(self.fetch_ahead_chunks) if self._fetching_plans() else 0
+        if not self._fetching_plans():
+            return 0
+        if self.fetch_ahead_chunks == "auto":
+            return AUTO_FETCH_CHUNKS
+        return int(self.fetch_ahead_chunks)
+
+    def fetch_round_trips(self) -> RoundTrips | None:
+        """Return the fetches whose queueing sets how many go out ahead (None: as asked).
+
+        With ``fetch_ahead_chunks="auto"``, the round trips the variables whose store
+        keeps reads waiting share (:meth:`share_round_trips`).
+        """
+        plans = self._fetching_plans()
+        if self.fetch_ahead_chunks != "auto" or not plans:
+            return None
+        return getattr(plans[0].stored, "round_trips", None)
 
     def fetch_chunk_bytes(self, chunk: int) -> None:
         """Start fetching the stored bytes of the chunk with flat index ``chunk`` (no decoding)."""

@@ -37,6 +37,7 @@ from xpatch.core.sweep import reads_span, sweep_budget, waiting_row
 from xpatch.grain.base import Source, mark_absl_flags_parsed
 from xpatch.grain.disk_cache import DiskChunks, DiskStats
 from xpatch.grain.reader import PatchReader, VariablePlan
+from xpatch.grain.store_wait import RoundTrips
 from xpatch.grain.zarr_chunks import ZarrChunks
 from xpatch.xarray.georef import patch_transforms
 from xpatch.xarray.layout import HasLayout, Layout, layout_of
@@ -410,6 +411,10 @@ class PatchSource(Source):
     def fetch_depth(self) -> int:
         """Chunks whose stored bytes a sweep may fetch beyond its reads ahead (0: none)."""
         return self._reader.fetch_depth()
+
+    def fetch_round_trips(self) -> RoundTrips | None:
+        """Return the fetches whose queueing sets how many go out ahead (None: as asked)."""
+        return self._reader.fetch_round_trips()
 
     def fetch_chunk_bytes(self, chunk: int) -> None:
         """Start fetching the stored bytes of chunk ``chunk`` (decoded when it is read)."""

@@ -6,11 +6,15 @@ them (more reads in flight hide a wait; they only slow decoding down). A reader
 that knows when it waits for a store (:class:`~xpatch.grain.zarr_chunks.ZarrChunks`)
 adds that time with :func:`note_store_wait`; :func:`store_wait` collects what the
 reads of one thread noted meanwhile. Readers that do not say (dask's) count 0.
+
+Fetches ahead (``src.fetch_ahead("auto")``) go deeper where a store only keeps
+reads waiting, not where it is busy: :class:`RoundTrips` tells one from the other.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -53,3 +57,79 @@ def store_wait() -> Iterator[StoreWait]:
         _local.wait = outer
         if outer is not None:
             outer.seconds += waited.seconds
+
+
+#: Weight of the newest fetch in :attr:`RoundTrips.queued`'s running mean.
+RECENT_WEIGHT = 0.25
+
+
+class RoundTrips:
+    """The fetches of one store's bytes: how many are out, and how many of them queue.
+
+    TCP Vegas' estimate (Brakmo and Peterson, 1995): a fetch that took ``seconds``
+    with ``n`` fetches out (itself included), against the fastest fetch seen
+    (``base``, the store's own round trip), had ``n * (1 - base / seconds)`` of them
+    queued behind others rather than travelling. A store that only keeps each read
+    waiting (a far object store: tens of ms a read, whatever else is out) queues
+    none however many are out, so more fetches ahead hide more of the wait; a store
+    that is busy (a server on the same cores) queues them, so more only hold memory.
+    :class:`~xpatch.grain.readahead.LateReads` sends fetches ahead by it.
+
+    Examples
+    --------
+    >>> trips = RoundTrips()
+    >>> trips.queued() is None  # nothing timed yet
+    True
+    >>> for _ in range(8):  # 4 out at a time, each as fast as the fastest: none queue
+    ...     trips.timed(out=4, seconds=0.020)
+    >>> trips.queued()
+    0.0
+    >>> for _ in range(8):  # 4 out, 4x the fastest round trip: 3 of them queue
+    ...     trips.timed(out=4, seconds=0.080)
+    >>> round(trips.queued(), 1)  # a running mean, on its way to 3
+    2.7
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.out = 0
+        #: Fetches timed so far.
+        self.landed = 0
+        self.base = float("inf")
+        self._queued: float | None = None
+
+    def __getstate__(self) -> dict:
+        return {}  # each process times its own fetches
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__()
+
+    @contextmanager
+    def timing(self) -> Iterator[None]:
+        """Count the block as a fetch out, and time it."""
+        with self._lock:
+            self.out += 1
+            out = self.out
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            seconds = time.perf_counter() - started
+            with self._lock:
+                self.out -= 1
+            self.timed(out, seconds)
+
+    def timed(self, out: int, seconds: float) -> None:
+        """Add a fetch that took ``seconds`` with ``out`` fetches out, itself included."""
+        with self._lock:
+            self.landed += 1
+            self.base = min(self.base, seconds)
+            queued = out * (1.0 - self.base / seconds) if seconds > 0 else 0.0
+            previous = self._queued
+            self._queued = (
+                queued if previous is None else previous + RECENT_WEIGHT * (queued - previous)
+            )
+
+    def queued(self) -> float | None:
+        """Return the fetches out that queue rather than travel, lately (None: none timed)."""
+        return self._queued

@@ -35,7 +35,7 @@ import numpy as np
 
 from xpatch.grain.disk_cache import DiskChunks
 from xpatch.grain.object_store import object_store_of
-from xpatch.grain.store_wait import note_store_wait, store_wait
+from xpatch.grain.store_wait import RoundTrips, note_store_wait, store_wait
 from xpatch.grain.threads import IdlePool
 
 #: Threads that wait for an object store's bytes, the variables of a chunk side by side;
@@ -183,6 +183,8 @@ class ZarrChunks:
         #: The stored bytes of chunks fetched ahead of their decoding, by chunk coordinates.
         self._fetched: dict[tuple[int, ...], Future] = {}
         self._fetch_lock = threading.Lock()
+        #: The object store's fetches out, and how many queue (``fetch_ahead("auto")``).
+        self.round_trips = RoundTrips()
         #: Decoded chunks on local disk (``cache_dir=``), read before the store and
         #: written after it; None: every chunk comes from the store.
         self.disk: DiskChunks | None = None
@@ -230,7 +232,7 @@ class ZarrChunks:
         return state
 
     def __setstate__(self, state: dict) -> None:
-        state = {"_fetched": {}, **state}
+        state = {"_fetched": {}, "round_trips": RoundTrips(), **state}
         self.__dict__.update(state)
         self._lock = threading.Lock()
         self._fetch_lock = threading.Lock()
@@ -410,8 +412,12 @@ class ZarrChunks:
         import asyncio
 
         _, store_path, prototype = self._stored_at(chunk_coords)
-        read = store_path.get(prototype=prototype)
-        return asyncio.run_coroutine_threadsafe(read, _get_loop())
+
+        async def read():
+            with self.round_trips.timing():
+                return await store_path.get(prototype=prototype)
+
+        return asyncio.run_coroutine_threadsafe(read(), _get_loop())
 
     def forget(self, index: Sequence[slice]) -> None:
         """Let go of the bytes fetched ahead of the chunks ``index`` touches: none is read now."""
@@ -444,10 +450,11 @@ class ZarrChunks:
         try:
             if isinstance(store_path.store, SupportsGetSync):  # a folder, memory
                 return store_path.get_sync(prototype=prototype)
-            if self.object_store is not None:  # obstore, on this thread, lock released
-                return self._fetch_object(key, prototype)
-            # An object store reads only on the event loop: the bytes come from there.
-            return sync(store_path.get(prototype=prototype))
+            with self.round_trips.timing():
+                if self.object_store is not None:  # obstore, on this thread, lock released
+                    return self._fetch_object(key, prototype)
+                # An object store reads only on the event loop: the bytes come from there.
+                return sync(store_path.get(prototype=prototype))
         except Exception as error:
             where = self._where(key, chunk_coords)
             raise ChunkReadError(f"could not fetch {where}: {error_text(error)}") from error

@@ -23,6 +23,7 @@ from xpatch.core.errors import OptionError, XPatchError
 from xpatch.core.sweep import reads_span, sweep_budget, waiting_row
 from xpatch.grain.base import Source, mark_absl_flags_parsed
 from xpatch.grain.source import PatchSource
+from xpatch.grain.store_wait import RoundTrips
 from xpatch.scenes.index import SceneIndex
 
 
@@ -166,8 +167,10 @@ class SceneSource(Source):
 
     def _share_cache(self) -> None:
         self._cache = ChunkCache(self._cache_bytes, self._frame_of if self._frames else None)
+        trips = RoundTrips()  # the scenes' fetches wait on one store, as a dataset's
         for k, source in enumerate(self._sources):
             source.reader.share_cache(self._cache, k)
+            source.reader.share_round_trips(trips)
 
     def _frame_of(self, key: tuple, chunk: dict) -> list | None:
         return self._sources[key[0]].reader.frame_of(key, chunk)
@@ -303,6 +306,11 @@ class SceneSource(Source):
     def fetch_depth(self) -> int:
         """Chunks whose stored bytes a sweep may fetch ahead: the most of any scene's."""
         return max((source.fetch_depth() for source in self._sources), default=0)
+
+    def fetch_round_trips(self) -> RoundTrips | None:
+        """Return the fetches whose queueing sets how many go out ahead: the scenes'."""
+        trips = (source.fetch_round_trips() for source in self._sources)
+        return next((t for t in trips if t is not None), None)
 
     def fetch_chunk_bytes(self, chunk: int) -> None:
         """Start fetching the stored bytes of global chunk ``chunk``."""

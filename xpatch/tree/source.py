@@ -15,6 +15,7 @@ from dask.base import tokenize
 
 from xpatch.grain.base import Source
 from xpatch.grain.source import PatchSource
+from xpatch.grain.store_wait import RoundTrips
 
 #: Keys of a node's item that the tree's item holds once, at its top level.
 SHARED_KEYS = ("anchor", "index")
@@ -139,6 +140,10 @@ class TreeSource(Source):
     def fetch_depth(self) -> int:
         """Chunks whose bytes a sweep may fetch ahead: the reference node's (it reads ahead)."""
         return self._sources[self._reference].fetch_depth()
+
+    def fetch_round_trips(self) -> RoundTrips | None:
+        """Return the fetches whose queueing sets how many go out ahead: the reference's."""
+        return self._sources[self._reference].fetch_round_trips()
 
     def fetch_chunk_bytes(self, chunk: int) -> None:
         """Start fetching the stored bytes of the reference node's chunk ``chunk``."""
