@@ -27,7 +27,13 @@ from tests.grain.test_sweep import (
     slow_batches,
     slow_items_source,
 )
-from xpatch.grain.readahead import FEW_QUEUED, MANY_QUEUED, LateReads, due_in_first_use_order
+from xpatch.grain.readahead import (
+    FEW_QUEUED,
+    MANY_QUEUED,
+    LateReads,
+    due_in_first_use_order,
+    max_reads,
+)
 from xpatch.grain.reader import AUTO_FETCH_CHUNKS
 from xpatch.grain.store_wait import RoundTrips
 from xpatch.grain.zarr_chunks import ChunkReadError
@@ -372,24 +378,55 @@ def test_auto_sends_few_fetches_to_a_store_that_serves_one_at_a_time(tmp_path):
 @settings(max_examples=200, deadline=None)
 @given(
     most=st.integers(1, 16),
+    ahead=st.integers(0, 8),
     fetches=st.lists(
-        st.tuples(st.integers(1, 20), st.floats(0.001, 0.1), st.integers(1, 3)), max_size=40
+        st.tuples(
+            st.integers(1, 20),
+            st.floats(0.001, 0.1),
+            st.none() | st.floats(0.001, 0.05),
+            st.integers(1, 3),
+        ),
+        max_size=40,
     ),
 )
-def test_the_auto_count_moves_one_step_per_fetch_landed_and_stays_within_its_ceiling(most, fetches):
+def test_the_auto_count_moves_one_step_per_fetch_landed_and_stays_within_its_ceiling(
+    most, ahead, fetches
+):
     trips = RoundTrips()
-    late = LateReads(ahead=2, loads=8, fetching=most, round_trips=trips)
+    late = LateReads(ahead=ahead, loads=8, fetching=most, round_trips=trips)
     assert late.count == 0  # grown from none: nothing is held before a fetch lands
-    for out, seconds, looks in fetches:
+    for out, seconds, decode, looks in fetches:
         before = late.count
         trips.timed(out, seconds)
+        if decode is not None:
+            trips.decoded(decode)
         for _ in range(looks):  # more looks than fetches landed move nothing more
             late.stops(0, 100)
-        queued = trips.queued()
+        queued, needed = trips.queued(), trips.needed(max_reads(), ahead)
         assert 0 <= late.count <= most
-        if queued < FEW_QUEUED:
+        if queued > MANY_QUEUED or (needed is not None and before > needed):
+            assert late.count == max(before - 1, 0)  # queueing, or more than pays
+        elif queued < FEW_QUEUED and (needed is None or before < needed):
             assert late.count == min(before + 1, most)
-        elif queued > MANY_QUEUED:
-            assert late.count == max(before - 1, 0)
         else:
             assert late.count == before
+
+
+@pytest.mark.parametrize(
+    ("trip", "expected"),
+    [(0.0004, 0), (0.05, 16)],  # a local disk through obstore; the same chunks 50 ms away
+)
+def test_auto_fetches_ahead_only_where_the_bytes_take_longer_than_a_decoding(
+    trip, expected, monkeypatch
+):
+    monkeypatch.setattr("xpatch.grain.readahead.max_reads", lambda: 2)  # two cores
+    # Reads ahead keep 6 chunks in the pipe: as many as two cores need twice over when
+    # the bytes come within a decoding.
+    trips = RoundTrips()
+    late = LateReads(ahead=6, loads=8, fetching=16, round_trips=trips)
+    for _ in range(40):  # 8 out at a time, none queueing, 5 ms a decoding
+        trips.timed(8, trip)
+        trips.decoded(0.005)
+        late.stops(0, 100)
+    assert trips.queued() == 0.0
+    assert late.count == expected

@@ -200,11 +200,12 @@ class LateReads:
 
     With ``round_trips`` as well (``fetch_ahead("auto")``), ``fetching`` is a ceiling:
     the count starts at 0 and, each time a fetch lands, goes one up while fewer than
-    :data:`FEW_QUEUED` of the fetches out queue, one down while more than
-    :data:`MANY_QUEUED` do (:class:`~xpatch.grain.store_wait.RoundTrips`). A store
-    that only keeps reads waiting gets fetches up to the ceiling; one that is busy
-    (moto's S3 server on the reader's two cores, where 4 and 16 fetches made no epoch
-    faster and held 10-25 MiB more) gets few.
+    :data:`FEW_QUEUED` of the fetches out queue and fewer are out than keep the cores
+    decoding, one down while more than :data:`MANY_QUEUED` queue or more are out than
+    that (:class:`~xpatch.grain.store_wait.RoundTrips`). A store that only keeps reads
+    waiting gets fetches up to the ceiling; one that is busy (moto's S3 server on the
+    reader's two cores, where 4 and 16 fetches made no epoch faster and held 10-25 MiB
+    more) or answers within a decoding (a local folder through obstore) gets few.
 
     Not thread-safe: its owner calls it under its own lock.
 
@@ -303,17 +304,19 @@ class LateReads:
 
     def _follow_round_trips(self) -> None:
         # One step per fetch landed since the last look: a burst of looks moves nothing.
-        landed = self.round_trips.landed
+        trips = self.round_trips
+        landed = trips.landed
         if landed == self._trips_seen:
             return
         self._trips_seen = landed
-        queued = self.round_trips.queued()
+        queued = trips.queued()
         if queued is None:
             return
-        if queued < FEW_QUEUED:
-            self.count = min(self.count + 1, self.most)
-        elif queued > MANY_QUEUED:
+        needed = trips.needed(max_reads(), self.ahead)
+        if queued > MANY_QUEUED or (needed is not None and self.count > needed):
             self.count = max(self.count - 1, 0)
+        elif queued < FEW_QUEUED and (needed is None or self.count < needed):
+            self.count = min(self.count + 1, self.most)
 
 
 def read_ahead_timed(

@@ -13,6 +13,7 @@ reads waiting, not where it is busy: :class:`RoundTrips` tells one from the othe
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Iterator
@@ -59,31 +60,48 @@ def store_wait() -> Iterator[StoreWait]:
             outer.seconds += waited.seconds
 
 
-#: Weight of the newest fetch in :attr:`RoundTrips.queued`'s running mean.
+#: Weight of the newest fetch (or decoding) in :class:`RoundTrips`' running means.
 RECENT_WEIGHT = 0.25
+#: Chunks in the pipe per core that :meth:`RoundTrips.needed` asks for: Little's law
+#: gives one; a sweep uses its chunks in bursts (a batch's chunks at once).
+PIPE_PER_CORE = 2.0
+
+
+def _running_mean(previous: float | None, value: float) -> float:
+    return value if previous is None else previous + RECENT_WEIGHT * (value - previous)
 
 
 class RoundTrips:
-    """The fetches of one store's bytes: how many are out, and how many of them queue.
+    """The fetches of one store's bytes: how long they take, how many queue, how many pay.
 
-    TCP Vegas' estimate (Brakmo and Peterson, 1995): a fetch that took ``seconds``
-    with ``n`` fetches out (itself included), against the fastest fetch seen
-    (``base``, the store's own round trip), had ``n * (1 - base / seconds)`` of them
-    queued behind others rather than travelling. A store that only keeps each read
-    waiting (a far object store: tens of ms a read, whatever else is out) queues
-    none however many are out, so more fetches ahead hide more of the wait; a store
-    that is busy (a server on the same cores) queues them, so more only hold memory.
-    :class:`~xpatch.grain.readahead.LateReads` sends fetches ahead by it.
+    Two questions decide how many fetches go out ahead of the reads
+    (:class:`~xpatch.grain.readahead.LateReads`, ``fetch_ahead("auto")``):
+
+    - *Do more fetches out queue?* TCP Vegas' estimate (Brakmo and Peterson, 1995):
+      a fetch that took ``seconds`` with ``n`` fetches out (itself included),
+      against the fastest fetch seen (``base``, the store's own round trip), had
+      ``n * (1 - base / seconds)`` of them queued behind others rather than
+      travelling (:meth:`queued`). A store that only keeps each read waiting (a
+      far object store: tens of ms a read, whatever else is out) queues none; a
+      busy one (a server on the same cores) queues them, and more fetches only
+      hold memory there.
+    - *Does the wait matter?* Little's law: to keep ``cores`` decoding, chunks
+      whose bytes take ``trip`` to come and ``decode`` to decode must be in the
+      pipe ``cores * (1 + trip / decode)`` at a time (:meth:`needed`). A local disk
+      answers in a fraction of a decoding: fetching ahead there only holds bytes.
 
     Examples
     --------
     >>> trips = RoundTrips()
-    >>> trips.queued() is None  # nothing timed yet
-    True
+    >>> trips.queued() is None, trips.needed(cores=2, ahead=4) is None  # nothing timed yet
+    (True, True)
     >>> for _ in range(8):  # 4 out at a time, each as fast as the fastest: none queue
     ...     trips.timed(out=4, seconds=0.020)
+    ...     trips.decoded(0.005)
     >>> trips.queued()
     0.0
+    >>> trips.needed(cores=2, ahead=4)  # 2 cores x 2 x (1 + 20 ms / 5 ms), less 4 read ahead
+    16
     >>> for _ in range(8):  # 4 out, 4x the fastest round trip: 3 of them queue
     ...     trips.timed(out=4, seconds=0.080)
     >>> round(trips.queued(), 1)  # a running mean, on its way to 3
@@ -97,6 +115,8 @@ class RoundTrips:
         self.landed = 0
         self.base = float("inf")
         self._queued: float | None = None
+        self._trip: float | None = None
+        self._decode: float | None = None
 
     def __getstate__(self) -> dict:
         return {}  # each process times its own fetches
@@ -125,11 +145,26 @@ class RoundTrips:
             self.landed += 1
             self.base = min(self.base, seconds)
             queued = out * (1.0 - self.base / seconds) if seconds > 0 else 0.0
-            previous = self._queued
-            self._queued = (
-                queued if previous is None else previous + RECENT_WEIGHT * (queued - previous)
-            )
+            self._queued = _running_mean(self._queued, queued)
+            self._trip = _running_mean(self._trip, seconds)
+
+    def decoded(self, seconds: float) -> None:
+        """Add the decoding of a chunk fetched, which took ``seconds``."""
+        with self._lock:
+            self._decode = _running_mean(self._decode, seconds)
 
     def queued(self) -> float | None:
         """Return the fetches out that queue rather than travel, lately (None: none timed)."""
         return self._queued
+
+    def needed(self, cores: int, ahead: int) -> int | None:
+        """Return the fetches beyond ``ahead`` reads that keep ``cores`` decoding (None: untimed).
+
+        :data:`PIPE_PER_CORE` times Little's law's chunks in the pipe, less the
+        ``ahead`` chunks read ahead (each fetches its own bytes), at least 0.
+        """
+        trip, decode = self._trip, self._decode
+        if trip is None or decode is None:
+            return None
+        pipe = PIPE_PER_CORE * cores * (1.0 + trip / max(decode, 1e-6))
+        return max(math.ceil(pipe) - int(ahead), 0)

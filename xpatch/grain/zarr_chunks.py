@@ -482,6 +482,7 @@ class ZarrChunks:
             values = np.full(self._chunk_shape, fill_value_or_default(specs[0]), self.dtype)
         else:
             data = raw
+            started = time.perf_counter()
             try:
                 for codec, spec in zip(reversed(self._codecs), reversed(specs)):
                     data = codec._decode_sync(data, spec)
@@ -494,6 +495,8 @@ class ZarrChunks:
                     f"could not decode {where} ({len(raw)} bytes stored; damaged or "
                     f"truncated?): {error_text(error)}"
                 ) from error
+            if self.waits_on_store:  # how many fetches ahead pay (fetch_ahead("auto"))
+                self.round_trips.decoded(time.perf_counter() - started)
         if values.dtype != self.dtype or values.shape != self._chunk_shape:
             raise ValueError(  # zarr reads it instead
                 f"decoded a {values.shape} {values.dtype} chunk of a zarr array of "
