@@ -389,12 +389,13 @@ def test_auto_sends_few_fetches_to_a_store_that_serves_one_at_a_time(tmp_path):
         max_size=40,
     ),
 )
-def test_the_auto_count_moves_one_step_per_fetch_landed_and_stays_within_its_ceiling(
+def test_the_auto_count_moves_once_per_fetch_landed_and_stays_within_its_ceiling(
     most, ahead, fetches
 ):
     trips = RoundTrips()
     late = LateReads(ahead=ahead, loads=8, fetching=most, round_trips=trips)
     assert late.count == 0  # grown from none: nothing is held before a fetch lands
+    slow_start = True
     for out, seconds, decode, looks in fetches:
         before = late.count
         trips.timed(out, seconds)
@@ -403,13 +404,19 @@ def test_the_auto_count_moves_one_step_per_fetch_landed_and_stays_within_its_cei
         for _ in range(looks):  # more looks than fetches landed move nothing more
             late.stops(0, 100)
         queued, needed = trips.queued(), trips.needed(max_reads(), ahead)
-        assert 0 <= late.count <= most
+        ceiling = most if needed is None else min(most, needed)
+        assert 0 <= late.count <= most and trips.depth == late.count
+        slow_start = slow_start and queued < FEW_QUEUED
         if queued > MANY_QUEUED or (needed is not None and before > needed):
             assert late.count == max(before - 1, 0)  # queueing, or more than pays
-        elif queued < FEW_QUEUED and (needed is None or before < needed):
-            assert late.count == min(before + 1, most)
+            slow_start = False
+        elif queued < FEW_QUEUED and before < ceiling:
+            grown = max(2 * before, 1) if slow_start else before + 1
+            assert late.count == min(grown, ceiling)
         else:
             assert late.count == before
+    again = LateReads(ahead=ahead, loads=8, fetching=most, round_trips=trips)
+    assert again.count == late.count  # the next sweep starts where this one left off
 
 
 @pytest.mark.parametrize(

@@ -117,6 +117,8 @@ class RoundTrips:
         self._queued: float | None = None
         self._trip: float | None = None
         self._decode: float | None = None
+        #: Fetches out ahead where the last sweep left them: the next one starts there.
+        self.depth = 0
 
     def __getstate__(self) -> dict:
         return {}  # each process times its own fetches
