@@ -282,9 +282,16 @@ def test_a_datasets_variables_share_their_round_trips(tmp_path):
     trips = src.fetch_round_trips()
     assert trips is not None
     assert [plan.stored.round_trips for plan in src.reader.plans] == [trips, trips]
+    # A chunk is two fetches side by side: what queues is counted in chunks.
+    assert trips.fetches_per_chunk == 2
+    for _ in range(8):
+        trips.timed(out=4, seconds=0.02)
+        trips.timed(out=4, seconds=0.08)
+    assert trips.queued() == pytest.approx(trips._queued / 2)
     copy = pickle.loads(pickle.dumps(src))
     copied = [plan.stored.round_trips for plan in copy.reader.plans]
     assert copied[0] is copied[1] is copy.fetch_round_trips() and copied[0] is not trips
+    assert copied[0].fetches_per_chunk == 2 and copied[0].queued() is None
 
 
 @pytest.mark.parametrize("consumer", ["batches", "items"])

@@ -81,7 +81,8 @@ class RoundTrips:
       a fetch that took ``seconds`` with ``n`` fetches out (itself included),
       against the fastest fetch seen (``base``, the store's own round trip), had
       ``n * (1 - base / seconds)`` of them queued behind others rather than
-      travelling (:meth:`queued`). A store that only keeps each read waiting (a
+      travelling (:meth:`queued`, in chunks: a dataset's variables fetch a chunk
+      each side by side). A store that only keeps each read waiting (a
       far object store: tens of ms a read, whatever else is out) queues none; a
       busy one (a server on the same cores) queues them, and more fetches only
       hold memory there.
@@ -119,12 +120,16 @@ class RoundTrips:
         self._decode: float | None = None
         #: Fetches out ahead where the last sweep left them: the next one starts there.
         self.depth = 0
+        #: Fetches a chunk takes (a dataset's variables, fetched side by side): the
+        #: fetches that queue are counted in chunks, as those out ahead are.
+        self.fetches_per_chunk = 1
 
     def __getstate__(self) -> dict:
-        return {}  # each process times its own fetches
+        return {"fetches_per_chunk": self.fetches_per_chunk}  # each process times its own
 
     def __setstate__(self, state: dict) -> None:
         self.__init__()
+        self.fetches_per_chunk = int(state.get("fetches_per_chunk", 1))
 
     @contextmanager
     def timing(self) -> Iterator[None]:
@@ -156,8 +161,10 @@ class RoundTrips:
             self._decode = _running_mean(self._decode, seconds)
 
     def queued(self) -> float | None:
-        """Return the fetches out that queue rather than travel, lately (None: none timed)."""
-        return self._queued
+        """Return the chunks whose fetches queue rather than travel, lately (None: none timed)."""
+        if self._queued is None:
+            return None
+        return self._queued / max(self.fetches_per_chunk, 1)
 
     def needed(self, cores: int, ahead: int) -> int | None:
         """Return the fetches beyond ``ahead`` reads that keep ``cores`` decoding (None: untimed).
