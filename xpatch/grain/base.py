@@ -251,16 +251,18 @@ class Source:
         nothing ahead. Set it before an epoch starts: a running sweep keeps what it
         began with.
 
-        The default, ``"auto"``, fetches up to 16 chunks' bytes ahead, as many as the
-        store answers without queueing them (TCP Vegas' rule on the fetches' round
-        trips: :class:`~xpatch.grain.store_wait.RoundTrips`): a far store that only
-        keeps reads waiting gets 16, a busy one few. On
-        ``benchmarks/bench_storage.py``'s 1 GiB zarr at 20 ms a read, fetching ahead
-        took an epoch of ``BatchSource`` from 1.6-1.9x zarr's concurrent read to
-        1.2-1.3x; from moto's S3 server on the same two cores (its bytes queue
-        behind the server's work) a fixed 4 or 16 made no epoch faster and held
-        10-25 MiB more: "auto" keeps it to a few there. An int fixes the count; 0
-        fetches nothing ahead.
+        The default, ``"auto"``, fetches up to 16 chunks' bytes ahead: as many as keep
+        the cores decoding (Little's law on the fetches' round trip and the chunks'
+        decoding, twice over), and no more than the store answers without queueing
+        them (TCP Vegas' rule; :class:`~xpatch.grain.store_wait.RoundTrips`). A far
+        store that only keeps reads waiting gets 16; a local folder through obstore,
+        whose bytes come within a decoding, none; a busy server few. On
+        ``benchmarks/bench_storage.py``'s 1 GiB zarr it took an epoch of
+        ``BatchSource`` from 1.73x zarr's concurrent read to 1.33x at 20 ms a read,
+        from 1.49x to 0.73x at 50 ms (a fixed 16: 1.46x and 0.73x); from moto's S3
+        server on the same two cores, where a fixed 4 or 16 made no epoch faster and
+        held 10-25 MiB more, it held 2-6 MiB more. An int fixes the count; 0 fetches
+        nothing ahead.
 
         Parameters
         ----------

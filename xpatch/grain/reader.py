@@ -61,8 +61,8 @@ WAITING_READS = 8
 #: Chunks whose stored bytes ``fetch_ahead("auto")`` (the default) may fetch at most, from
 #: a store that keeps reads waiting. On ``benchmarks/bench_storage.py``'s 1 GiB zarr at
 #: 20 ms a read, 8 and 16 fixed fetches took an epoch of ``BatchSource`` from 3.0-3.1 s
-#: to 2.5-2.7 s; 50 ms a read takes 16 (Little's law: 2 cores decoding 1 MiB chunks in
-#: ~8 ms each keep ~12 fetches of 50 ms out).
+#: to 2.5-2.7 s; 50 ms a read takes 16 (Little's law: 2 cores decoding 2 MiB chunks in
+#: ~8 ms each keep ~14 fetches of 50 ms out).
 AUTO_FETCH_CHUNKS = 16
 
 #: Positions read one after another before the reader takes the reads to be in index
