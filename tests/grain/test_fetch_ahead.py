@@ -444,3 +444,12 @@ def test_auto_fetches_ahead_only_where_the_bytes_take_longer_than_a_decoding(
         late.stops(0, 100)
     assert trips.queued() == 0.0
     assert late.count == expected
+
+
+def test_a_failed_fetch_is_no_round_trip():
+    trips = RoundTrips()
+    with trips.timing():
+        pass
+    with pytest.raises(OSError), trips.timing():
+        raise OSError("connection reset")
+    assert trips.landed == 1 and trips.out == 0

@@ -45,9 +45,9 @@ MAX_WAIT_SECONDS = 5.0
 #: 20 ms per read: 3 was no faster than 1, and when the pace changed its reads landed
 #: early enough to evict chunks still needed (1.01-1.03 loads per chunk, none with 1).
 MAX_LATE_PER_AHEAD = 1
-#: TCP Vegas' bounds (its alpha and beta) on the fetches out that queue rather than
-#: travel (:class:`~xpatch.grain.store_wait.RoundTrips`): below the first one more
-#: fetch goes out ahead, above the second one fewer.
+#: TCP Vegas' bounds (its alpha and beta) on the chunks whose fetches out queue rather
+#: than travel (:class:`~xpatch.grain.store_wait.RoundTrips`): below the first one more
+#: chunk's bytes go out ahead, above the second one fewer.
 FEW_QUEUED = 2.0
 MANY_QUEUED = 4.0
 
@@ -204,9 +204,8 @@ class LateReads:
     while more than :data:`MANY_QUEUED` queue or more are out than that
     (:class:`~xpatch.grain.store_wait.RoundTrips`). It starts where the last sweep
     over the store left it, else at 0 and doubling until a fetch queues (TCP's slow
-    start: on ``bench_storage.py --quick``'s 64 chunks at 50 ms a read, growing one
-    at a time took the epoch to 1.34x zarr's concurrent read, against 0.90x with 16
-    fixed). A store that only keeps reads
+    start: one at a time, a first epoch of ``bench_storage.py --quick``'s 64 chunks at
+    50 ms a read was still growing for much of it). A store that only keeps reads
     waiting gets fetches up to the ceiling; one that is busy (moto's S3 server on the
     reader's two cores, where 4 and 16 fetches made no epoch faster and held 10-25 MiB
     more) or answers within a decoding (a local folder through obstore) gets few.

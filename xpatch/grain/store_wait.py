@@ -133,18 +133,25 @@ class RoundTrips:
 
     @contextmanager
     def timing(self) -> Iterator[None]:
-        """Count the block as a fetch out, and time it."""
+        """Count the block as a fetch out, and time it unless it raises.
+
+        A fetch that failed (a reset connection, a missing key) made no round trip:
+        timed, a quick failure would pass for the store's fastest answer.
+        """
         with self._lock:
             self.out += 1
             out = self.out
         started = time.perf_counter()
         try:
             yield
-        finally:
-            seconds = time.perf_counter() - started
+        except BaseException:
             with self._lock:
                 self.out -= 1
-            self.timed(out, seconds)
+            raise
+        seconds = time.perf_counter() - started
+        with self._lock:
+            self.out -= 1
+        self.timed(out, seconds)
 
     def timed(self, out: int, seconds: float) -> None:
         """Add a fetch that took ``seconds`` with ``out`` fetches out, itself included."""
