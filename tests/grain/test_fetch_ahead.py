@@ -402,7 +402,6 @@ def test_the_auto_count_moves_once_per_fetch_landed_and_stays_within_its_ceiling
     trips = RoundTrips()
     late = LateReads(ahead=ahead, loads=8, fetching=most, round_trips=trips)
     assert late.count == 0  # grown from none: nothing is held before a fetch lands
-    slow_start = True
     for out, seconds, decode, looks in fetches:
         before = late.count
         trips.timed(out, seconds)
@@ -413,13 +412,10 @@ def test_the_auto_count_moves_once_per_fetch_landed_and_stays_within_its_ceiling
         queued, needed = trips.queued(), trips.needed(max_reads(), ahead)
         ceiling = most if needed is None else min(most, needed)
         assert 0 <= late.count <= most and trips.depth == late.count
-        slow_start = slow_start and queued < FEW_QUEUED
         if queued > MANY_QUEUED or (needed is not None and before > needed):
             assert late.count == max(before - 1, 0)  # queueing, or more than pays
-            slow_start = False
         elif queued < FEW_QUEUED and before < ceiling:
-            grown = max(2 * before, 1) if slow_start else before + 1
-            assert late.count == min(grown, ceiling)
+            assert late.count == before + 1
         else:
             assert late.count == before
     again = LateReads(ahead=ahead, loads=8, fetching=most, round_trips=trips)

@@ -258,10 +258,10 @@ class Source:
         store that only keeps reads waiting gets 16; a local folder through obstore,
         whose bytes come within a decoding, none; a busy server few. On
         ``benchmarks/bench_storage.py``'s 1 GiB zarr it took an epoch of
-        ``BatchSource`` from 1.73x zarr's concurrent read to 1.33x at 20 ms a read,
-        from 1.49x to 0.73x at 50 ms (a fixed 16: 1.46x and 0.73x); from moto's S3
+        ``BatchSource`` from 1.75x zarr's concurrent read to 1.30x at 20 ms a read,
+        from 1.65x to 0.79x at 50 ms (a fixed 16: 1.37x and 0.74x); from moto's S3
         server on the same two cores, where a fixed 4 or 16 made no epoch faster and
-        held 10-25 MiB more, it held 2-6 MiB more. An int fixes the count; 0 fetches
+        held 10-25 MiB more, it held a few MiB more. An int fixes the count; 0 fetches
         nothing ahead.
 
         Parameters

@@ -203,9 +203,8 @@ class LateReads:
     of the fetches out queue and fewer are out than keep the cores decoding, one down
     while more than :data:`MANY_QUEUED` queue or more are out than that
     (:class:`~xpatch.grain.store_wait.RoundTrips`). It starts where the last sweep
-    over the store left it, else at 0 and doubling until a fetch queues (TCP's slow
-    start: one at a time, a first epoch of ``bench_storage.py --quick``'s 64 chunks at
-    50 ms a read was still growing for much of it). A store that only keeps reads
+    over the store left it, else at 0 (a first epoch of ``bench_storage.py --quick``'s
+    64 chunks at 50 ms a read is still growing for much of it). A store that only keeps reads
     waiting gets fetches up to the ceiling; one that is busy (moto's S3 server on the
     reader's two cores, where 4 and 16 fetches made no epoch faster and held 10-25 MiB
     more) or answers within a decoding (a local folder through obstore) gets few.
@@ -268,12 +267,9 @@ class LateReads:
         # for reads ahead (a budget at the sweep's floor). Set by the store's round
         # trips, they grow from none, as fetches land, read ahead or not.
         self.count = self.most if self.fetching and self.round_trips is None else 0
-        # Set by round trips, it starts where the last sweep over the store left it,
-        # else from none, doubling while nothing queues (TCP's slow start).
-        self._slow_start = True
-        if self.round_trips is not None and self.round_trips.depth:
+        # Set by round trips, it starts where the last sweep over the store left it.
+        if self.round_trips is not None:
             self.count = min(self.round_trips.depth, self.most)
-            self._slow_start = False
         self._in_time = 0
 
     def landed(self, late: bool, waited: float, seconds: float) -> None:
@@ -322,14 +318,13 @@ class LateReads:
         if queued is None:
             return
         needed = trips.needed(max_reads(), self.ahead)
-        if queued >= FEW_QUEUED:
-            self._slow_start = False
         if queued > MANY_QUEUED or (needed is not None and self.count > needed):
             self.count = max(self.count - 1, 0)
-            self._slow_start = False
         elif queued < FEW_QUEUED and (needed is None or self.count < needed):
-            grown = max(2 * self.count, 1) if self._slow_start else self.count + 1
-            self.count = min(grown, self.most, needed if needed is not None else self.most)
+            # One more per fetch landed doubles those out each round trip, as TCP's
+            # slow start does. Doubling per fetch landed overshot: a store serving one
+            # read at a time got 16 before its queue showed in the running mean.
+            self.count = min(self.count + 1, self.most)
         trips.depth = self.count
 
 
