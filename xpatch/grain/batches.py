@@ -511,33 +511,35 @@ class _Releases:
             # no batch would move the sweep for it (a process asked for every other
             # batch, one at a time, before its step is seen twice); it holds one batch's
             # chunks beyond the sweep's at most.
-            while (
-                epoch == self.epoch
-                and k >= self.low + self.spread * self.workers
-                and (self.running > 0 or self.waiting > 1)
-                and not closing()  # the batches behind may never be served
-            ):
-                if self.low != low:  # progress: the bound holds memory, it never stalls
-                    started, low = time.monotonic(), self.low
-                elif self._restored_further_on():
-                    self.low = self.lowest_asked
-                    self._advance_low()
-                    self._wake()
-                    continue
-                elif time.monotonic() - started > MAX_WAIT_SECONDS and not self.running:
-                    # Nobody serves the batches behind (another process's, or a state
-                    # restored further on): this one starts the count again. Not while
-                    # a batch of this process runs: on a loaded machine one took over
-                    # the wait, and the batches let go flushed the cache (4x the loads).
-                    self.low = k
-                    break
-                if turn is None:
-                    turn = threading.Condition(self.lock)
-                    self.turns[turn] = (epoch, k)
-                turn.wait(0.05)
-            if turn is not None:
-                del self.turns[turn]
-            self.waiting -= 1
+            try:
+                while (
+                    epoch == self.epoch
+                    and k >= self.low + self.spread * self.workers
+                    and (self.running > 0 or self.waiting > 1)
+                    and not closing()  # the batches behind may never be served
+                ):
+                    if self.low != low:  # progress: the bound holds memory, it never stalls
+                        started, low = time.monotonic(), self.low
+                    elif self._restored_further_on():
+                        self.low = self.lowest_asked
+                        self._advance_low()
+                        self._wake()
+                        continue
+                    elif time.monotonic() - started > MAX_WAIT_SECONDS and not self.running:
+                        # Nobody serves the batches behind (another process's, or a state
+                        # restored further on): this one starts the count again. Not while
+                        # a batch of this process runs: on a loaded machine one took over
+                        # the wait, and the batches let go flushed the cache (4x the loads).
+                        self.low = k
+                        break
+                    if turn is None:
+                        turn = threading.Condition(self.lock)
+                        self.turns[turn] = (epoch, k)
+                    turn.wait(0.05)
+            finally:  # a waiter interrupted leaves no turn behind
+                if turn is not None:
+                    del self.turns[turn]
+                self.waiting -= 1
             self.running += 1
             if epoch == self.epoch:
                 self.frontier = max(self.frontier, k)
