@@ -84,7 +84,7 @@ Run::
 Times are medians of ``--repeats`` runs (3; 1 with ``--quick``); nothing is asserted.
 An epoch's ratio to the floor compares epochs after their opens; a training run opens
 once and reads many epochs. On moto's server ``xr.open_zarr`` lists the bucket and
-reads the coordinates' chunks one request after another (0.04-0.14 s, against 0.02 s
+reads the coordinates' chunks one request after another (0.04-0.14 s, against 0.02-0.04 s
 for insitubatch's ``open_geometries``): the ``open`` column shows it.
 The zarrs are written once under ``--data`` and reused.
 """

@@ -278,7 +278,7 @@ def test_a_batch_asked_second_from_far_ahead_waits_for_the_sweep(monkeypatch):
 
 
 def test_a_served_batch_wakes_only_the_waiting_batches_it_lets_through(monkeypatch):
-    # Grain's 16 threads: 14 wait for their turn. Each batch served woke all of them,
+    # Grain's 16 threads: 14 wait for their turn. Each batch served woke all of them
     # (38 thousand context switches an epoch of the 1 GiB zarr at 20 ms a read, 16
     # threads 1.14x the time of 2); now those the sweep's new mark lets through.
     import threading
