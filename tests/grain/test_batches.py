@@ -295,6 +295,12 @@ def test_a_served_batch_wakes_only_the_waiting_batches_it_lets_through(monkeypat
             super().notify(n)
 
     monkeypatch.setattr(threading, "Condition", Turn)
+
+    def wait_until(done) -> None:
+        deadline = time.monotonic() + 30
+        while not done() and time.monotonic() < deadline:
+            time.sleep(0.01)
+
     releases.started(0, 0)
     releases.started(0, 1)
     passed: list[int] = []
@@ -304,21 +310,15 @@ def test_a_served_batch_wakes_only_the_waiting_batches_it_lets_through(monkeypat
     ]
     for thread in waiting:
         thread.start()
-    deadline = time.monotonic() + 30
-    while len(releases.turns) < len(waiting) and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until(lambda: len(releases.turns) == len(waiting))
     assert sorted(k for _, k in releases.turns.values()) == list(range(2, 8))
     releases.finished(0, 0)  # the mark moves to 1: batch 2 may start
-    deadline = time.monotonic() + 30
-    while not passed and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until(lambda: passed)
     assert woken == [2] and passed == [2]
     for k in range(1, 8):  # the rest, in turn
         releases.finished(0, k)
         if k + 2 < 8:
-            deadline = time.monotonic() + 30
-            while k + 2 not in passed and time.monotonic() < deadline:
-                time.sleep(0.01)
+            wait_until(lambda k=k: k + 2 in passed)
     for thread in waiting:
         thread.join(30)
         assert not thread.is_alive()

@@ -265,11 +265,12 @@ class LateReads:
         # Fetches go as deep as asked from the start: the bytes they hold are stated
         # before reading, and a count grown from late reads grew none without room
         # for reads ahead (a budget at the sweep's floor). Set by the store's round
-        # trips, they grow from none, as fetches land, read ahead or not.
-        self.count = self.most if self.fetching and self.round_trips is None else 0
-        # Set by round trips, it starts where the last sweep over the store left it.
+        # trips, they start where the last sweep over the store left them (none at
+        # first) and follow the fetches as they land.
         if self.round_trips is not None:
             self.count = min(self.round_trips.depth, self.most)
+        else:
+            self.count = self.most if self.fetching else 0
         self._in_time = 0
 
     def landed(self, late: bool, waited: float, seconds: float) -> None:

@@ -142,16 +142,16 @@ class RoundTrips:
             self.out += 1
             out = self.out
         started = time.perf_counter()
+        failed = True
         try:
             yield
-        except BaseException:
+            failed = False
+        finally:
+            seconds = time.perf_counter() - started
             with self._lock:
                 self.out -= 1
-            raise
-        seconds = time.perf_counter() - started
-        with self._lock:
-            self.out -= 1
-        self.timed(out, seconds)
+            if not failed:
+                self.timed(out, seconds)
 
     def timed(self, out: int, seconds: float) -> None:
         """Add a fetch that took ``seconds`` with ``out`` fetches out, itself included."""
