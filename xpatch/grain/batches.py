@@ -512,12 +512,8 @@ class _Releases:
             # batch, one at a time, before its step is seen twice); it holds one batch's
             # chunks beyond the sweep's at most.
             try:
-                while (
-                    epoch == self.epoch
-                    and k >= self.low + self.spread * self.workers
-                    and (self.running > 0 or self.waiting > 1)
-                    and not closing()  # the batches behind may never be served
-                ):
+                # Not while closing: the batches behind may never be served.
+                while self._held_back(epoch, k) and not closing():
                     if self.low != low:  # progress: the bound holds memory, it never stalls
                         started, low = time.monotonic(), self.low
                     elif self._restored_further_on():
@@ -666,13 +662,19 @@ class _Releases:
         if self.epoch == epoch and self._advance_low():
             self._wake()
 
+    def _held_back(self, epoch: int, k: int) -> bool:
+        # Under the lock: whether batch k of epoch waits for the batches before it.
+        return (
+            epoch == self.epoch
+            and k >= self.low + self.spread * self.workers
+            and (self.running > 0 or self.waiting > 1)
+        )
+
     def _wake(self) -> None:
-        # Under the lock: the waiting batches the sweep's new state may let through (one
-        # of another epoch checks it itself); the others look again within 0.05 s.
-        bound = self.low + self.spread * self.workers
-        alone = not self.running and self.waiting <= 1
+        # Under the lock: the waiting batches the sweep's new state lets through; the
+        # others look again within 0.05 s.
         for turn, (epoch, k) in self.turns.items():
-            if alone or epoch != self.epoch or k < bound:
+            if not self._held_back(epoch, k):
                 turn.notify()
 
     def _advance_low(self) -> bool:
